@@ -1,0 +1,205 @@
+"""Typed configuration: process settings from the environment, and the run / stage schema.
+
+Two kinds of configuration live here, each declared once:
+
+* **Settings** (`ServiceSettings` and one subclass per service) come from environment variables
+  with the prefix `MAGIC_` — e.g. `MAGIC_REDIS_URL`, `MAGIC_DATA_DIR`. They describe the process:
+  where Redis is, where the shared volume is mounted, which port to serve metrics on.
+* **The run schema** (`RunSpec`, `StageConfig`, `OptimConfig`) describes the training job. The
+  REST API accepts it, the controller stores it in Redis, and the learner and rollout workers
+  read it back — one schema everywhere.
+
+The paper's symbols map onto field names once, here (each is also accepted as an alias):
+
+=============  =======================  =====================================================
+paper          field                    meaning
+=============  =======================  =====================================================
+T              ``context_length``       max response tokens; longer responses are truncated
+D_R            ``rollout_batch_size``   prompts rolled out per on-policy step
+gs             ``group_size``           samples per prompt (the GRPO group)
+tau            ``temperature``          sampling temperature (also used for train logprobs)
+eps_low/high   ``clip_low/clip_high``   PPO clip range [1 - clip_low, 1 + clip_high]
+=============  =======================  =====================================================
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+# --------------------------------------------------------------------------------------------
+# Process settings (environment, prefix MAGIC_)
+# --------------------------------------------------------------------------------------------
+
+
+def _default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every MAGIC process shares. Read from `MAGIC_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="MAGIC_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server holding the streams and the run state."""
+    data_dir: Path = Path(".magic/data")
+    """Shared volume: published weights, checkpoints and per-run logs live under it."""
+    worker_name: str = Field(default_factory=_default_worker_name)
+    """This process's name as a stream consumer and in heartbeats (the pod name on Kubernetes)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port for /metrics, /livez and /readyz; unset disables the endpoint (0 picks a free port)."""
+    log_level: str = "INFO"
+    """Python logging level."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads for torch on CPU; unset leaves torch's default."""
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    """How often the process refreshes its heartbeat in Redis."""
+    heartbeat_ttl_seconds: float = Field(default=10.0, gt=0)
+    """A worker whose heartbeat is older than this is considered dead; its pending messages are reclaimed."""
+    max_deliveries: int = Field(default=5, ge=1)
+    """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream."""
+
+
+class ControllerSettings(ServiceSettings):
+    host: str = "127.0.0.1"
+    """Interface the REST API listens on."""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the REST API."""
+    worker_wait_seconds: float = Field(default=600.0, gt=0)
+    """How long a step may wait for workers (weights acks, a learner) before the run fails."""
+    step_timeout_seconds: float = Field(default=3600.0, gt=0)
+    """Upper bound on one on-policy step (rollout + reward + train); the run fails past it."""
+
+
+class RolloutSettings(ServiceSettings):
+    max_batch_sequences: int = Field(default=512, ge=1)
+    """Most sequences the CPU engine decodes in one batch (groups are packed up to this)."""
+    device: str = "cpu"
+    """torch device for the CPU/torch engine."""
+
+
+class RewardSettings(ServiceSettings):
+    verify_timeout_seconds: float = Field(default=5.0, gt=0)
+    """Wall-clock bound on verifying one response."""
+
+
+class LearnerSettings(ServiceSettings):
+    device: str = "cpu"
+    """torch device of the learner ("cpu", "cuda")."""
+    micro_batch_tokens: int = Field(default=16384, ge=64)
+    """Token budget of one forward/backward micro-batch (prompt + response tokens, padded)."""
+    keep_weight_versions: int = Field(default=3, ge=2)
+    """Published weight versions kept on disk; older ones are deleted."""
+
+
+# --------------------------------------------------------------------------------------------
+# The run schema (REST API, controller, learner, rollout)
+# --------------------------------------------------------------------------------------------
+
+
+class AdvantageEstimator(str, Enum):
+    grpo = "grpo"
+    """GRPO group normalisation: (r - mean_group) / (std_group + eps) (paper eq. 2.5)."""
+
+
+class AdvantageMask(str, Enum):
+    none = "none"
+    """Truncated responses keep their (negative) advantage — the recipe's choice (§3.2.3)."""
+
+
+def _alias(name: str, symbol: str) -> AliasChoices:
+    return AliasChoices(name, symbol)
+
+
+class StageConfig(BaseModel):
+    """One training stage: a context length T and the batch settings used until its end condition."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(default="stage", min_length=1, max_length=64)
+    """Label shown in status and metrics."""
+    steps: int = Field(ge=1, le=1_000_000)
+    """End condition: the number of on-policy steps this stage runs."""
+    context_length: int = Field(ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
+    """T: max response tokens; responses longer than T are truncated (finish reason `length`)."""
+    rollout_batch_size: int = Field(ge=1, validation_alias=_alias("rollout_batch_size", "D_R"))
+    """D_R: prompts rolled out per on-policy step."""
+    group_size: int = Field(ge=2, le=1024, validation_alias=_alias("group_size", "gs"))
+    """gs: samples per prompt; GRPO normalises rewards within each group."""
+    temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
+    """tau: sampling temperature; the learner divides logits by it too, so ratios match the sampler."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass (1.0 = off, as in the recipe)."""
+    lr: float = Field(default=1e-6, gt=0, le=1)
+    """Learning rate of the optimizer during this stage."""
+    clip_low: float = Field(default=0.2, gt=0, lt=1)
+    """eps_low: the ratio is clipped below at 1 - clip_low."""
+    clip_high: float = Field(default=0.28, gt=0, le=10)
+    """eps_high: the ratio is clipped above at 1 + clip_high (clip-higher when > clip_low)."""
+    advantage_estimator: AdvantageEstimator = AdvantageEstimator.grpo
+    """How rewards become advantages."""
+    advantage_mask: AdvantageMask = AdvantageMask.none
+    """Advantage mask for truncated responses (§3.2.3)."""
+
+
+class OptimConfig(BaseModel):
+    """AdamW settings shared by every stage (the learning rate is per stage)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's beta1, beta2."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam's epsilon."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global L2 norm."""
+
+
+RunName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+
+
+class RunSpec(BaseModel):
+    """A training run: the initial model, the training prompts and the stage plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: RunName
+    """Run id: lowercase letters, digits and dashes (it appears in Redis keys and paths)."""
+    model: str = Field(min_length=1)
+    """Initial policy: a Hugging Face model directory readable by the learner and rollout workers."""
+    train_files: list[str] = Field(min_length=1)
+    """JSONL files in the verl / Skywork-OR1 record format (prompt, data_source, reward_model.ground_truth)."""
+    stages: list[StageConfig] = Field(min_length=1)
+    """The stage plan, run in order."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    seed: int = Field(default=0, ge=0)
+    """Seeds prompt order and sampling."""
+
+    @model_validator(mode="after")
+    def _unique_stage_names(self) -> "RunSpec":
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique within a run, got {names}")
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    def stage_at(self, step: int) -> tuple[int, StageConfig]:
+        """The stage index and config that global step `step` (0-based) belongs to."""
+        for i, stage in enumerate(self.stages):
+            if step < stage.steps:
+                return i, stage
+            step -= stage.steps
+        raise ValueError("step is past the end of the plan")

@@ -1,0 +1,115 @@
+"""Metric names (the Grafana dashboards depend on them) and the /metrics, /livez, /readyz endpoint.
+
+Per-step training figures are computed once by the learner as a flat record
+(`{"entropy": ..., "accuracy_all": ...}`), sent to the controller in `StepCompleted`, written to
+the run's JSONL log, and exported here as gauges. `STEP_GAUGES` maps record keys to Prometheus
+series; keys without a gauge still reach the JSONL log.
+
+Every series carries the prefix `magic_` and follows Prometheus naming conventions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger(__name__)
+
+# -- training figures (owner: learner) --------------------------------------------------------
+POLICY_ENTROPY = Gauge("magic_policy_entropy", "Mean per-token entropy of the policy over the rollout batch (nats)")
+RESPONSE_CLIP_RATIO = Gauge("magic_response_clip_ratio", "Fraction of responses truncated at the context length T")
+PG_CLIPFRAC = Gauge("magic_pg_clipfrac", "Fraction of response tokens whose ratio was clipped", ["side"])
+REWARD_MEAN = Gauge("magic_reward_mean", "Mean reward of the rollout batch")
+ACCURACY = Gauge("magic_accuracy", "Fraction of correct responses in the rollout batch", ["subset"])
+RESPONSE_LENGTH = Gauge("magic_response_length_tokens", "Mean response length of the rollout batch (tokens)")
+KL = Gauge("magic_kl", "Approximate KL between the sampling policy and the learner's policy (k3, per token)")
+ZERO_ADV_GROUP_RATIO = Gauge("magic_zero_adv_group_ratio", "Fraction of groups whose advantages are all zero (rejected)")
+GRAD_NORM = Gauge("magic_grad_norm", "Global gradient L2 norm before clipping")
+PG_LOSS = Gauge("magic_pg_loss", "Policy-gradient loss of the last step")
+VERSION_MISMATCH = Counter("magic_version_mismatch", "Samples dropped because their policy version differs from the step's")
+LEARNER_STEP = Gauge("magic_learner_step", "Last step the learner trained")
+
+STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
+    "entropy": (POLICY_ENTROPY, {}),
+    "response_clip_ratio": (RESPONSE_CLIP_RATIO, {}),
+    "pg_clipfrac_high": (PG_CLIPFRAC, {"side": "high"}),
+    "pg_clipfrac_low": (PG_CLIPFRAC, {"side": "low"}),
+    "reward_mean": (REWARD_MEAN, {}),
+    "accuracy_all": (ACCURACY, {"subset": "all"}),
+    "accuracy_nontruncated": (ACCURACY, {"subset": "nontruncated"}),
+    "response_length_mean": (RESPONSE_LENGTH, {}),
+    "kl_rollout": (KL, {}),
+    "zero_adv_group_ratio": (ZERO_ADV_GROUP_RATIO, {}),
+    "grad_norm": (GRAD_NORM, {}),
+    "pg_loss": (PG_LOSS, {}),
+}
+
+
+def export_step(record: dict[str, float]) -> None:
+    """Set the gauges of one step's record (unknown keys are ignored)."""
+    for key, (gauge, labels) in STEP_GAUGES.items():
+        if key in record:
+            (gauge.labels(**labels) if labels else gauge).set(record[key])
+
+
+# -- run progress (owner: controller) ---------------------------------------------------------
+STEP_SECONDS = Gauge("magic_step_seconds", "Duration of the last on-policy step by phase", ["phase"])
+STAGE = Gauge("magic_stage", "Index of the current stage in the run's plan")
+CONTEXT_LENGTH = Gauge("magic_context_length", "Context length T of the current stage (tokens)")
+POLICY_VERSION = Gauge("magic_policy_version", "Policy version the rollout workers serve")
+STEP = Gauge("magic_step", "Current on-policy step")
+LIVE_WORKERS = Gauge("magic_live_workers", "Workers with a fresh heartbeat", ["service"])
+STREAM_LENGTH = Gauge("magic_stream_length", "Entries in a run stream", ["stream"])
+STREAM_PENDING = Gauge("magic_stream_pending", "Entries delivered but not yet acknowledged", ["stream"])
+
+# -- service figures --------------------------------------------------------------------------
+ROLLOUT_TOKENS = Counter("magic_rollout_tokens", "Response tokens generated")
+ROLLOUT_GENERATION_SECONDS = Histogram(
+    "magic_rollout_generation_seconds", "Wall time of one generation batch", buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+)
+WEIGHT_LOAD_SECONDS = Histogram(
+    "magic_weight_load_seconds", "Time for a rollout worker to load a weight version", buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+)
+REWARD_LATENCY = Histogram(
+    "magic_reward_latency_seconds", "Time to score one response", ["kind"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
+)
+REWARD_VERDICTS = Counter("magic_reward_verdicts", "Scored responses by verdict", ["kind", "verdict"])
+DEAD_LETTERS = Counter("magic_dead_letters", "Stream entries moved to the dead-letter stream", ["stream"])
+ERRORS = Counter("magic_errors", "Errors a worker recovered from", ["service"])
+
+
+# -- the HTTP endpoint ------------------------------------------------------------------------
+
+
+def serve_http(port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /metrics, /livez and /readyz on `port` from a daemon thread; returns the server
+    (its `server_address` has the real port when `port` is 0)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            if self.path.startswith("/metrics"):
+                body, status, ctype = generate_latest(REGISTRY), 200, CONTENT_TYPE_LATEST
+            elif self.path == "/livez":
+                body, status, ctype = b"ok\n", 200, "text/plain"
+            elif self.path == "/readyz":
+                ok = ready()
+                body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:  # keep probes out of the logs
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics", host, server.server_address[1])
+    return server

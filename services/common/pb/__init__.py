@@ -1,0 +1,1 @@
+"""Generated protobuf code for MAGIC's stream messages (see proto/)."""

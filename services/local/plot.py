@@ -1,0 +1,48 @@
+"""The run's curves in one PNG: accuracy, entropy, response length and truncation, per step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_run(records: list[dict], out: Path, eval_before: float | None = None, eval_after: float | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    ax = axes[0]
+    ax.plot(steps, [r["accuracy_all"] for r in records], label="rollout accuracy (all)")
+    ax.plot(steps, [r["accuracy_nontruncated"] for r in records], label="rollout accuracy (non-truncated)", alpha=0.6)
+    if eval_before is not None and steps:
+        ax.scatter([steps[0]], [eval_before], color="k", marker="o", zorder=3, label=f"held-out before: {eval_before:.1%}")
+    if eval_after is not None and steps:
+        ax.scatter([steps[-1]], [eval_after], color="r", marker="*", s=120, zorder=3, label=f"held-out after: {eval_after:.1%}")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right", fontsize=8)
+    axes[1].plot(steps, [r.get("entropy", float("nan")) for r in records], color="tab:purple")
+    axes[1].set_ylabel("policy entropy (nats/token)")
+    ax = axes[2]
+    ax.plot(steps, [r["response_length_mean"] for r in records], color="tab:green", label="mean response length")
+    ax.plot(steps, [r["context_length"] for r in records], color="gray", linestyle="--", label="context length T")
+    ax.set_ylabel("tokens")
+    ax.set_xlabel("on-policy step")
+    twin = ax.twinx()
+    twin.plot(steps, [r["response_clip_ratio"] for r in records], color="tab:red", alpha=0.5, label="truncated ratio")
+    twin.set_ylabel("truncated ratio", color="tab:red")
+    twin.set_ylim(0, 1)
+    ax.legend(loc="upper left", fontsize=8)
+    for a in axes:
+        for prev, cur in zip(records, records[1:]):
+            if cur["stage"] != prev["stage"]:
+                a.axvline(cur["step"] - 0.5, color="k", alpha=0.3, linestyle=":")
+        a.grid(alpha=0.3)
+    fig.suptitle("MAGIC local run")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

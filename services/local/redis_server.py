@@ -1,0 +1,76 @@
+"""A private redis-server on a free loopback port, for local runs and tests.
+
+It keeps nothing on disk (no RDB snapshots, no AOF) and lives in its own temporary directory;
+`stop()` shuts it down and removes the directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    def __init__(self, executable: str = "redis-server"):
+        path = shutil.which(executable)
+        if path is None:
+            raise RuntimeError(f"{executable} not found on PATH; install Redis (Debian: apt-get install redis-server)")
+        self.executable = path
+        self.port = 0
+        self.dir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> "RedisServer":
+        import redis
+
+        self.dir = Path(tempfile.mkdtemp(prefix="magic-redis-"))
+        for _attempt in range(5):  # a port picked free can be taken before redis binds it
+            self.port = free_port()
+            self.proc = subprocess.Popen(
+                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"), "--protected-mode", "yes"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + timeout
+            client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            self.proc.kill()
+            self.proc.wait()
+        raise RuntimeError(f"redis-server did not start (see {self.dir / 'redis.log'})")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,131 @@
+"""The four services as separate OS processes over a real Redis, driven through the REST API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import redis
+
+from magic.common import keys
+from magic.common.bus import Stream
+from magic.common.pb import messages_pb2 as pb
+from magic.demo import task
+from magic.local.redis_server import RedisServer, free_port
+from magic.local.supervisor import Supervisor
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_for(predicate, timeout, sup, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = sup.first_exit()
+        assert dead is None, f"{dead.name} died:\n{dead.log_tail()}"
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    server = RedisServer().start()
+    port = free_port()
+    sup = Supervisor(tmp_path / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp_path / "data"), "MAGIC_TORCH_THREADS": "1"})
+    sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port)})
+    sup.start("learner", "magic.learner")
+    sup.start("rollout-0", "magic.rollout")
+    sup.start("reward-0", "magic.reward")
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def ready():
+        try:
+            return api.get("/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, 60, sup, "the controller")
+    yield api, sup, server, tmp_path
+    sup.stop_all()
+    server.stop()
+
+
+def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_dir):
+    api, sup, server, tmp = cluster
+    data = tmp / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(3, 0, 40, 0)["train"])])
+    spec = {
+        "name": "e2e",
+        "model": str(tiny_model_dir),
+        "train_files": [str(data)],
+        "stages": [
+            {"name": "short", "steps": 2, "T": 12, "D_R": 4, "gs": 4, "lr": 1e-3},
+            {"name": "long", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "lr": 1e-3},
+        ],
+    }
+    resp = api.post("/v1/runs", json=spec)
+    assert resp.status_code == 201, resp.text
+    status = wait_for(lambda: (s := api.get("/v1/runs/e2e").json())["status"] in ("finished", "failed") and s, 240, sup, "the run")
+    assert status["status"] == "finished", status.get("error")
+
+    records = api.get("/v1/runs/e2e/metrics").json()
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["context_length"] for r in records] == [12, 12, 24, 24]
+    assert [r["stage_name"] for r in records] == ["short", "short", "long", "long"]
+    assert all(r["version_mismatch"] == 0 and r["samples"] == 16 for r in records)
+    assert all(r["rollout_logprob_diff_max"] < 1e-4 for r in records if r["tokens_trained"] > 0)
+    # the untrained model rarely stops within 12 tokens: truncation is visible in stage 1
+    assert records[0]["response_clip_ratio"] > 0
+    for phase in ("rollout", "train", "weight_sync"):
+        assert all(r[f"step_seconds_{phase}"] >= 0 for r in records)
+
+    # every step was trained once, and the rollout worker loaded every version before using it
+    r = redis.Redis.from_url(server.url)
+    k = keys.RunKeys("e2e")
+    versions = [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)]
+    assert versions == [0, 1, 2, 3, 4]
+    rollouts = [g for _, g in Stream(r, k.rollouts).read_after("0", pb.RolloutGroup, count=1000)]
+    assert len(rollouts) == 16
+    assert all(s.policy_version == g.prompt.policy_version == g.prompt.step for g in rollouts for s in g.samples)
+    assert r.xlen(k.dead) == 0
+    assert int(r.hget(k.weight_versions, "rollout-0")) == 4
+
+    # the JSONL log holds the same records
+    lines = (tmp / "data" / "runs" / "e2e" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3]
+    # the controller and the learner export the figures on /metrics
+    text = api.get("/metrics").text
+    assert 'magic_step_seconds{phase="train"}' in text and "magic_context_length 24.0" in text
+
+
+def test_poison_prompt_is_dead_lettered_and_the_run_goes_on(cluster, tiny_model_dir):
+    api, sup, server, tmp = cluster
+    data = tmp / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(4, 0, 10, 0)["train"])])
+    r = redis.Redis.from_url(server.url)
+    r.xadd(keys.RunKeys("poison").prompts, {b"type": b"PromptGroup", b"pb": b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"})
+    spec = {"name": "poison", "model": str(tiny_model_dir), "train_files": [str(data)], "stages": [{"steps": 1, "T": 8, "D_R": 2, "gs": 2}]}
+    assert api.post("/v1/runs", json=spec).status_code == 201
+    status = wait_for(lambda: (s := api.get("/v1/runs/poison").json())["status"] in ("finished", "failed") and s, 120, sup, "the run")
+    assert status["status"] == "finished", status.get("error")
+    dead = r.xrange(keys.RunKeys("poison").dead)
+    assert len(dead) == 1
+
+
+@pytest.mark.parametrize("failing_env", [{"MAGIC_MAX_BATCH_SEQUENCES": "0"}])
+def test_launcher_stops_everything_when_a_service_dies(tmp_path, failing_env):
+    """`magic local` must exit non-zero with the dead service's error, not hang."""
+    env = {**__import__("os").environ, **failing_env}
+    proc = subprocess.run(
+        [sys.executable, "-m", "magic.cli", "local", "--out", str(tmp_path / "out"), "--demo-dir", str(tmp_path / "demo"),
+         "--sft-steps", "2", "--stage1-steps", "1", "--stage2-steps", "1", "--no-eval", "--timeout", "120"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "rollout-0 exited" in proc.stderr and "max_batch_sequences" in proc.stderr

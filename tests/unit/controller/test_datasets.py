@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from magic.controller.datasets import DatasetError, PromptSource, load_jsonl
+
+
+def write(tmp_path, rows, name="d.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return p
+
+
+def test_verl_records_are_read(tmp_path):
+    p = write(tmp_path, [
+        {"prompt": [{"role": "user", "content": "1+1"}], "data_source": "math", "reward_model": {"ground_truth": "2"}, "extra_info": {"i": 0}},
+        {"prompt": "plain string prompt", "reward_model": {"ground_truth": 3}},
+    ])
+    recs = load_jsonl(p)
+    assert recs[0].messages == (("user", "1+1"),) and recs[0].ground_truth == "2" and recs[0].uid == "d:1"
+    assert recs[1].messages == (("user", "plain string prompt"),) and recs[1].ground_truth == "3" and recs[1].data_source == "math"
+
+
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ("{not json", "invalid JSON"),
+        ({"prompt": [], "reward_model": {"ground_truth": "1"}}, "prompt"),
+        ({"prompt": "x"}, "ground_truth"),
+        ({"prompt": "x", "reward_model": {"ground_truth": "1"}, "extra_info": 3}, "extra_info"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_malformed_records_name_the_line(tmp_path, row, match):
+    p = write(tmp_path, [{"prompt": "ok", "reward_model": {"ground_truth": "1"}}, row])
+    with pytest.raises(DatasetError, match=match) as err:
+        load_jsonl(p)
+    assert "d:2" in str(err.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        load_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(DatasetError, match="no records"):
+        load_jsonl(write(tmp_path, [""]))
+
+
+def test_prompt_source_is_deterministic_and_covers_each_epoch(tmp_path):
+    p = write(tmp_path, [{"prompt": str(i), "reward_model": {"ground_truth": str(i)}} for i in range(10)])
+    recs = load_jsonl(p)
+    a, b = PromptSource(recs, seed=3), PromptSource(recs, seed=3)
+    assert [r.uid for r in a.take(0, 25)] == [r.uid for r in b.take(0, 25)]
+    first_epoch = [r.uid for r in a.take(0, 10)]
+    assert sorted(first_epoch) == sorted(r.uid for r in recs)
+    assert [r.uid for r in a.take(7, 5)] == [r.uid for r in b.take(0, 12)][7:12]
+    assert first_epoch != [r.uid for r in PromptSource(recs, seed=4).take(0, 10)]
