@@ -19,6 +19,11 @@ D_R            ``rollout_batch_size``   prompts rolled out per on-policy step
 gs             ``group_size``           samples per prompt (the GRPO group)
 tau            ``temperature``          sampling temperature (also used for train logprobs)
 eps_low/high   ``clip_low/clip_high``   PPO clip range [1 - clip_low, 1 + clip_high]
+D_T            ``train_batch_size``     prompts per SGD mini-batch (default D_R)
+N_reuse        ``reuse``                passes over each rollout batch
+tgt_ent        ``entropy.target``       target entropy of adaptive entropy control
+Delta          ``entropy.delta``        step of the adaptive entropy coefficient
+beta           ``kl_coef``              weight of the k3 KL to the reference policy
 =============  =======================  =====================================================
 """
 
@@ -105,18 +110,50 @@ class LearnerSettings(ServiceSettings):
 # --------------------------------------------------------------------------------------------
 
 
+def _alias(name: str, symbol: str) -> AliasChoices:
+    return AliasChoices(name, symbol)
+
+
 class AdvantageEstimator(str, Enum):
     grpo = "grpo"
     """GRPO group normalisation: (r - mean_group) / (std_group + eps) (paper eq. 2.5)."""
+    drgrpo = "drgrpo"
+    """Dr.GRPO: r - mean_group, no division by the std."""
+    rloo = "rloo"
+    """RLOO: r minus the mean of the other samples of the group."""
+    batch = "batch"
+    """Batch-level normalisation: mean and std over the whole rollout batch."""
+    lite_ppo = "lite_ppo"
+    """LitePPO: group mean, batch (global) std."""
 
 
 class AdvantageMask(str, Enum):
     none = "none"
     """Truncated responses keep their (negative) advantage — the recipe's choice (§3.2.3)."""
+    before = "before"
+    """Truncated responses are left out of the group statistics and get advantage 0 (§3.2.3)."""
+    after = "after"
+    """Truncated responses count in the group statistics, then get advantage 0 (§3.2.3)."""
 
 
-def _alias(name: str, symbol: str) -> AliasChoices:
-    return AliasChoices(name, symbol)
+class EntropyControl(BaseModel):
+    """Adaptive entropy control (§3.2.5): alpha_k = c_k * 1{e_k <= tgt_ent},
+    c_{k+1} = c_k + Delta if e_k < tgt_ent, c_k - Delta if e_k > tgt_ent, c_0 = 0, c kept in bounds."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    adaptive: bool = True
+    """Adapt the coefficient as above; False uses `coef` as a constant entropy-bonus coefficient."""
+    target: float = Field(default=0.2, ge=0, validation_alias=_alias("target", "tgt_ent"))
+    """tgt_ent: target (lower bound) for the policy entropy, nats per token."""
+    delta: float = Field(default=0.005, ge=0, validation_alias=_alias("delta", "Delta"))
+    """Delta: step of the adaptive coefficient per on-policy step."""
+    coef_min: float = Field(default=0.0, ge=0)
+    """Lower bound of c_k."""
+    coef_max: float = Field(default=0.1, ge=0)
+    """Upper bound of c_k."""
+    coef: float = Field(default=0.0, ge=0)
+    """Constant coefficient when `adaptive` is False (0 disables the entropy bonus)."""
 
 
 class StageConfig(BaseModel):
@@ -148,6 +185,16 @@ class StageConfig(BaseModel):
     """How rewards become advantages."""
     advantage_mask: AdvantageMask = AdvantageMask.none
     """Advantage mask for truncated responses (§3.2.3)."""
+    train_batch_size: int | None = Field(default=None, ge=1, validation_alias=_alias("train_batch_size", "D_T"))
+    """D_T: prompts per SGD mini-batch; None means D_R (one SGD step per rollout batch)."""
+    reuse: int = Field(default=1, ge=1, le=64, validation_alias=_alias("reuse", "N_reuse"))
+    """N_reuse: passes over each rollout batch; N_SGD = D_R / D_T * N_reuse (eq. 4.1)."""
+    dual_clip: float | None = Field(default=None, gt=1)
+    """c of dual-clip PPO: for negative advantages the per-token loss is capped at -c * A; None disables it."""
+    entropy: EntropyControl = Field(default_factory=EntropyControl)
+    """Entropy bonus alpha_k * H (§3.2.5)."""
+    kl_coef: float = Field(default=0.0, ge=0, validation_alias=_alias("kl_coef", "beta"))
+    """beta: weight of the k3 KL to the reference (initial) policy (§3.2.6); 0 in the recipe."""
 
 
 class OptimConfig(BaseModel):

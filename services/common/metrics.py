@@ -26,7 +26,10 @@ PG_CLIPFRAC = Gauge("magic_pg_clipfrac", "Fraction of response tokens whose rati
 REWARD_MEAN = Gauge("magic_reward_mean", "Mean reward of the rollout batch")
 ACCURACY = Gauge("magic_accuracy", "Fraction of correct responses in the rollout batch", ["subset"])
 RESPONSE_LENGTH = Gauge("magic_response_length_tokens", "Mean response length of the rollout batch (tokens)")
-KL = Gauge("magic_kl", "Approximate KL between the sampling policy and the learner's policy (k3, per token)")
+KL = Gauge("magic_kl", "Per-token KL estimates: kind=old (sampling policy vs updated policy), kind=ref (to the reference policy)", ["kind"])
+ENTROPY_TARGET = Gauge("magic_entropy_target", "Target entropy tgt_ent of adaptive entropy control (nats/token)")
+ENTROPY_COEF = Gauge("magic_entropy_coef", "Adaptive entropy coefficient c_k")
+ENTROPY_BONUS_ACTIVE = Gauge("magic_entropy_bonus_active", "1 if the entropy bonus was applied this step (e_k <= tgt_ent), else 0")
 ZERO_ADV_GROUP_RATIO = Gauge("magic_zero_adv_group_ratio", "Fraction of groups whose advantages are all zero (rejected)")
 GRAD_NORM = Gauge("magic_grad_norm", "Global gradient L2 norm before clipping")
 PG_LOSS = Gauge("magic_pg_loss", "Policy-gradient loss of the last step")
@@ -42,7 +45,11 @@ STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
     "accuracy_all": (ACCURACY, {"subset": "all"}),
     "accuracy_nontruncated": (ACCURACY, {"subset": "nontruncated"}),
     "response_length_mean": (RESPONSE_LENGTH, {}),
-    "kl_rollout": (KL, {}),
+    "kl_old": (KL, {"kind": "old"}),
+    "kl_ref": (KL, {"kind": "ref"}),
+    "entropy_target": (ENTROPY_TARGET, {}),
+    "entropy_coef": (ENTROPY_COEF, {}),
+    "entropy_bonus_active": (ENTROPY_BONUS_ACTIVE, {}),
     "zero_adv_group_ratio": (ZERO_ADV_GROUP_RATIO, {}),
     "grad_norm": (GRAD_NORM, {}),
     "pg_loss": (PG_LOSS, {}),

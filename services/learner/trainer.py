@@ -176,7 +176,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         num_tokens = sum(len(s.token_ids) - s.prompt_len for s in seqs)
-        sums = {"pg_loss": 0.0, "entropy": 0.0, "pg_clipfrac_high": 0.0, "pg_clipfrac_low": 0.0, "kl_rollout": 0.0}
+        sums = {"pg_loss": 0.0, "entropy": 0.0, "pg_clipfrac_high": 0.0, "pg_clipfrac_low": 0.0, "kl_old": 0.0}
         max_diff = 0.0
         for mb in micro_batches(seqs, self.micro_batch_tokens):
             t = collate(mb, self.pad_id, self.device)
@@ -190,7 +190,7 @@ class Trainer:
                 d = (t["rollout_logp"] - logp.detach()) * mask  # sampler vs learner log-probs
                 sums["pg_loss"] += loss.item()
                 sums["entropy"] += (entropy.detach() * mask).sum().item()
-                sums["kl_rollout"] += ((torch.exp(d) - d - 1.0) * mask).sum().item()  # k3 estimator
+                sums["kl_old"] += ((torch.exp(d) - d - 1.0) * mask).sum().item()  # k3 estimator
                 sums["pg_clipfrac_high"] += clip_sums["pg_clipfrac_high"].item()
                 sums["pg_clipfrac_low"] += clip_sums["pg_clipfrac_low"].item()
                 max_diff = max(max_diff, d.abs().max().item())
@@ -202,7 +202,7 @@ class Trainer:
         metrics.update(
             pg_loss=sums["pg_loss"],
             entropy=sums["entropy"] / num_tokens,
-            kl_rollout=sums["kl_rollout"] / num_tokens,
+            kl_old=sums["kl_old"] / num_tokens,
             pg_clipfrac_high=sums["pg_clipfrac_high"] / num_tokens,
             pg_clipfrac_low=sums["pg_clipfrac_low"] / num_tokens,
             rollout_logprob_diff_max=max_diff,
