@@ -33,7 +33,7 @@ import os
 import socket
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,11 +84,95 @@ class ControllerSettings(ServiceSettings):
     """Upper bound on one on-policy step (rollout + reward + train); the run fails past it."""
 
 
+class FilesystemTransportConfig(BaseModel):
+    """Weights as versioned safetensors directories on a volume the learner and every rollout pod mount."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["filesystem"] = "filesystem"
+    """Transport name."""
+    marker_wait_seconds: float = Field(default=60.0, ge=0)
+    """How long a rollout worker waits for a version's completion marker to appear (a snapshot still
+    being written) before giving up on that version."""
+
+
+class HttpTransportConfig(BaseModel):
+    """The learner serves each version over HTTP; rollout pods download it into a local cache.
+    For clusters (and laptops) without a volume shared by the learner and the rollout pods."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["http"] = "http"
+    """Transport name."""
+    host: str = "0.0.0.0"
+    """Interface the learner's weight server listens on."""
+    port: int = Field(default=8701, ge=0, le=65535)
+    """Port of the learner's weight server (0 picks a free one, for tests)."""
+    advertise_url: str | None = None
+    """Base URL rollout pods use to reach the weight server (e.g. http://magic-learner:8701);
+    unset: http://<hostname>:<port>."""
+    cache_dir: Path | None = None
+    """Where a rollout worker keeps downloaded versions; unset: <data_dir>/weights-cache/<worker>."""
+    timeout_seconds: float = Field(default=600.0, gt=0)
+    """Bound on downloading one version."""
+
+
+class NcclTransportConfig(BaseModel):
+    """vLLM's built-in NCCL weight transfer (GPU pods): the learner broadcasts every tensor to the
+    vLLM servers of the rollout pods; pods outside the group (new or restarted) load the
+    filesystem snapshot of the same version. Needs vLLM servers started with
+    `--weight-transfer-config '{"backend": "nccl"}'` and VLLM_SERVER_DEV_MODE=1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["nccl"] = "nccl"
+    """Transport name."""
+    master_address: str | None = None
+    """Address rollout pods use to reach the learner's rendezvous (its Service name on
+    Kubernetes); unset: this host's name."""
+    master_port: int = Field(default=29600, ge=1, le=65535)
+    """First port of the rendezvous; each new group uses the next one."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype of the broadcast tensors (the vLLM server's model dtype)."""
+    packed: bool = True
+    """Pack tensors into large buffers for the broadcast (vLLM's packed mode)."""
+    packed_buffer_size_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    """Size of one packing buffer."""
+    packed_num_buffers: int = Field(default=2, ge=1)
+    """Packing buffers in flight."""
+    snapshot: bool = True
+    """Also write each version as a filesystem snapshot (in the background) so new or restarted
+    pods can catch up; without it they wait for the next group."""
+    member_wait_seconds: float = Field(default=300.0, gt=0)
+    """How long the learner waits for the group's members to join or to report a version."""
+
+
+WeightTransport = Annotated[
+    FilesystemTransportConfig | HttpTransportConfig | NcclTransportConfig,
+    Field(discriminator="type"),
+]
+"""Chosen by `type`; set as JSON, e.g. MAGIC_WEIGHT_TRANSPORT='{"type": "http", "port": 8701}'."""
+
+
 class RolloutSettings(ServiceSettings):
-    max_batch_sequences: int = Field(default=512, ge=1)
-    """Most sequences the CPU engine decodes in one batch (groups are packed up to this)."""
+    engine: Literal["torch", "vllm"] = "torch"
+    """Generation engine: "torch" (this process, CPU or one GPU) or "vllm" (a vLLM OpenAI server beside it)."""
     device: str = "cpu"
-    """torch device for the CPU/torch engine."""
+    """torch device of the torch engine."""
+    max_batch_sequences: int = Field(default=512, ge=1)
+    """Most sequences in flight at once: the torch engine's decoding batch, or the requests the
+    vLLM engine keeps open. Whole groups are admitted while their gs samples fit."""
+    vllm_url: str = "http://127.0.0.1:8000"
+    """Base URL of the vLLM OpenAI-compatible server (engine "vllm")."""
+    vllm_model: str | None = None
+    """`model` field of completion requests (the server's --served-model-name); unset: the server's default."""
+    vllm_request_timeout_seconds: float = Field(default=3600.0, gt=0)
+    """Bound on one completion request to the vLLM server."""
+    straggler_seconds: float = Field(default=120.0, gt=0)
+    """A prompt group still pending at another live worker after this long may be taken over by an
+    idle worker and generated again at the same policy version (first copy wins downstream)."""
+    weight_transport: WeightTransport = Field(default_factory=FilesystemTransportConfig)
+    """How new weights reach this worker; must match the learner's."""
 
 
 class RewardSettings(ServiceSettings):
@@ -103,6 +187,8 @@ class LearnerSettings(ServiceSettings):
     """Token budget of one forward/backward micro-batch (prompt + response tokens, padded)."""
     keep_weight_versions: int = Field(default=3, ge=2)
     """Published weight versions kept on disk; older ones are deleted."""
+    weight_transport: WeightTransport = Field(default_factory=FilesystemTransportConfig)
+    """How new weights reach the rollout workers; must match theirs."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -75,9 +75,21 @@ STREAM_PENDING = Gauge("magic_stream_pending", "Entries delivered but not yet ac
 
 # -- service figures --------------------------------------------------------------------------
 ROLLOUT_TOKENS = Counter("magic_rollout_tokens", "Response tokens generated")
+ROLLOUT_TOKENS_PER_SECOND = Gauge("magic_rollout_tokens_per_second", "Response tokens generated per second by this worker over the last 10 s")
 ROLLOUT_GENERATION_SECONDS = Histogram(
-    "magic_rollout_generation_seconds", "Wall time of one generation batch", buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+    "magic_rollout_generation_seconds",
+    "Wall time to generate one prompt group, from admission to its last sample",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 1800, 3600),
 )
+ROLLOUT_QUEUE_WAIT_SECONDS = Histogram(
+    "magic_rollout_queue_wait_seconds",
+    "Time a prompt group waited between its publication and its admission into an engine",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900),
+)
+ROLLOUT_IN_FLIGHT = Gauge("magic_rollout_in_flight_sequences", "Sequences this rollout worker is generating now")
+ROLLOUT_WEIGHT_VERSION = Gauge("magic_rollout_weight_version", "Policy version this rollout worker serves")
+ROLLOUT_STOLEN_GROUPS = Counter("magic_rollout_stolen_groups", "Straggling prompt groups taken over from another live worker")
+ROLLOUT_STALE_GROUPS = Counter("magic_rollout_stale_groups", "Prompt groups dropped because they asked for an older policy version")
 WEIGHT_LOAD_SECONDS = Histogram(
     "magic_weight_load_seconds", "Time for a rollout worker to load a weight version", buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 )

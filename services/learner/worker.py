@@ -29,7 +29,7 @@ from magic.common.config import LearnerSettings, RunSpec
 from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
-from magic.common.weights import FilesystemWeightStore
+from magic.common.weights import make_sender
 from magic.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class LearnerWorker(Worker):
         self.name = settings.worker_name
         self.spec = RunSpec.model_validate_json(r.get(self.keys.spec))
         self.device = torch.device(settings.device)
-        self.store = FilesystemWeightStore(run_dir(settings, run_id) / "weights")
         self.scored = ConsumerGroup(r, self.keys.scored, GROUP, self.name, dead_stream=self.keys.dead, max_deliveries=settings.max_deliveries)
         self.scored.ensure()
         self.weights = Stream(r, self.keys.weights)
@@ -64,15 +63,23 @@ class LearnerWorker(Worker):
         self.version = self.step  # on-policy: version k is the policy after k steps
         tokenizer = modeling.load_tokenizer(self.spec.model)
         model = modeling.load_model(self.spec.model, self.device)
+        self.weight_sender = make_sender(
+            settings.weight_transport,
+            r=r,
+            run_id=run_id,
+            root=run_dir(settings, run_id) / "weights",
+            stream=self.weights,
+            config_json=model.config.to_json_string(),
+            keep=settings.keep_weight_versions,
+        )
         if self.version > 0:
             published = self.weights.last(pb.WeightUpdate)
             if published is None or published[1].version != self.version:
                 raise RuntimeError(f"run {run_id}: the learner trained step {self.step - 1} but weights v{self.version} are not announced")
-            modeling.load_state_dict(model, FilesystemWeightStore.load(published[1]))
+            modeling.load_state_dict(model, self.weight_sender.load_version(self.version))
             log.warning("resuming at step %d from weights v%d (optimizer state restarts)", self.step, self.version)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.trainer = Trainer(model, self.spec.optim, pad, self.device, settings.micro_batch_tokens)
-        self._config_json = model.config.to_json_string()
         if self.version not in {u.version for _, u in self.weights.read_after("0", pb.WeightUpdate)}:
             self.publish()
 
@@ -147,11 +154,11 @@ class LearnerWorker(Worker):
         )
 
     def publish(self) -> pb.WeightUpdate:
-        state = modeling.export_state_dict(self.trainer.model)
-        update = self.store.publish(self.run_id, self.version, state, self._config_json)
-        self.weights.add(update)
-        self.store.gc(keep=self.settings.keep_weight_versions)
-        return update
+        """Hand the full state dict to the weight transport (it announces the version on `weights`)."""
+        return self.weight_sender.publish(self.version, modeling.export_state_dict(self.trainer.model))
+
+    def close(self) -> None:
+        self.weight_sender.close()
 
     def _reclaim(self) -> list[Entry]:
         now = time.time()

@@ -146,7 +146,7 @@ class ScoredGroup(_message.Message):
     def __init__(self, rollout: _Optional[_Union[RolloutGroup, _Mapping]] = ..., scores: _Optional[_Iterable[_Union[Score, _Mapping]]] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class WeightUpdate(_message.Message):
-    __slots__ = ("run_id", "version", "transport", "uri", "checksum", "num_bytes", "published_at")
+    __slots__ = ("run_id", "version", "transport", "uri", "checksum", "num_bytes", "published_at", "nccl")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class WeightUpdate(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    NCCL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     transport: str
@@ -161,7 +162,61 @@ class WeightUpdate(_message.Message):
     checksum: str
     num_bytes: int
     published_at: float
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., transport: _Optional[str] = ..., uri: _Optional[str] = ..., checksum: _Optional[str] = ..., num_bytes: _Optional[int] = ..., published_at: _Optional[float] = ...) -> None: ...
+    nccl: NcclTransfer
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., transport: _Optional[str] = ..., uri: _Optional[str] = ..., checksum: _Optional[str] = ..., num_bytes: _Optional[int] = ..., published_at: _Optional[float] = ..., nccl: _Optional[_Union[NcclTransfer, _Mapping]] = ...) -> None: ...
+
+class NcclTransfer(_message.Message):
+    __slots__ = ("join", "update")
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    join: NcclGroup
+    update: NcclUpdate
+    def __init__(self, join: _Optional[_Union[NcclGroup, _Mapping]] = ..., update: _Optional[_Union[NcclUpdate, _Mapping]] = ...) -> None: ...
+
+class NcclGroup(_message.Message):
+    __slots__ = ("id", "master_address", "master_port", "world_size", "rank_offsets", "packed", "packed_buffer_size_bytes", "packed_num_buffers")
+    class RankOffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
+    PACKED_BUFFER_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_NUM_BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    master_address: str
+    master_port: int
+    world_size: int
+    rank_offsets: _containers.ScalarMap[str, int]
+    packed: bool
+    packed_buffer_size_bytes: int
+    packed_num_buffers: int
+    def __init__(self, id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offsets: _Optional[_Mapping[str, int]] = ..., packed: _Optional[bool] = ..., packed_buffer_size_bytes: _Optional[int] = ..., packed_num_buffers: _Optional[int] = ...) -> None: ...
+
+class NcclUpdate(_message.Message):
+    __slots__ = ("group_id", "tensors")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    group_id: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    def __init__(self, group_id: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("run_id", "at", "source", "weights_loaded", "step_completed", "worker_error")
@@ -180,12 +235,14 @@ class Event(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompleted, _Mapping]] = ..., worker_error: _Optional[_Union[WorkerError, _Mapping]] = ...) -> None: ...
 
 class WeightsLoaded(_message.Message):
-    __slots__ = ("version", "load_seconds")
+    __slots__ = ("version", "load_seconds", "transport")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     version: int
     load_seconds: float
-    def __init__(self, version: _Optional[int] = ..., load_seconds: _Optional[float] = ...) -> None: ...
+    transport: str
+    def __init__(self, version: _Optional[int] = ..., load_seconds: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class StepCompleted(_message.Message):
     __slots__ = ("step", "new_version", "metrics", "batch_complete_at", "train_seconds", "published_at")
