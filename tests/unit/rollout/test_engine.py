@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from magic.common import modeling
@@ -52,3 +53,67 @@ def test_batches_mix_prompts_of_different_lengths(tiny_model_dir):
     alone, _ = engine.generate([GenerationRequest(short, n=1, temperature=1e-4, max_tokens=10)])
     mixed, _ = engine.generate([GenerationRequest(long, n=1, temperature=1e-4, max_tokens=10), GenerationRequest(short, n=1, temperature=1e-4, max_tokens=10)])
     assert mixed[1][0].token_ids == alone[0][0].token_ids
+
+
+def test_a_group_samples_the_same_whatever_shares_its_batch(tiny_model_dir):
+    """Continuous batching: groups join and leave the running batch; a group's samples depend on its seed only."""
+    engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=64)
+    prompts = [engine.render_prompt([{"role": "user", "content": f"Add {i}+{i + 1}+{i + 2}"}]) for i in range(5)]
+    requests = [GenerationRequest(p, n=3, temperature=1.0, max_tokens=6 + 5 * i, seed=100 + i) for i, p in enumerate(prompts)]
+    together, _ = engine.generate(requests)
+    narrow = TorchEngine(str(tiny_model_dir), max_batch_sequences=4)  # at most one group at a time, joins mid-flight
+    one_by_one, _ = narrow.generate(requests)
+    alone = [engine.generate([r])[0][0] for r in requests]
+    for a, b, c in zip(together, one_by_one, alone):
+        assert [s.token_ids for s in a] == [s.token_ids for s in b] == [s.token_ids for s in c]
+        for x, y in zip(a, c):
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+
+
+def test_rows_joining_a_running_batch_keep_learner_logprobs(tiny_model_dir):
+    """Rows admitted while others are mid-decode (caches left-padded and concatenated) still match the learner."""
+    engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=6)
+    long = engine.render_prompt([{"role": "user", "content": "Add 1+2+3+4+5+6+7+8"}])
+    short = engine.render_prompt([{"role": "user", "content": "Add 1+1"}])
+    engine.submit("long", GenerationRequest(long, n=2, temperature=1.0, max_tokens=30, seed=3))
+    engine.submit("short", GenerationRequest(short, n=2, temperature=1.0, max_tokens=4, seed=4))
+    done = dict(engine.step())
+    engine.submit("late", GenerationRequest(short, n=4, temperature=0.8, max_tokens=12, seed=5))  # waits for free slots
+    while engine.in_flight():
+        done.update(engine.step())
+    assert set(done) == {"long", "short", "late"} and engine.free_slots() == 6
+    for key, prompt, temperature in (("long", long, 1.0), ("short", short, 1.0), ("late", short, 0.8)):
+        for s in done[key]:
+            ids = torch.tensor([prompt + s.token_ids])
+            logp, _ = modeling.token_logprobs(engine.model, ids, torch.ones_like(ids), temperature)
+            assert torch.allclose(logp[0, len(prompt) - 1 :], torch.tensor(s.logprobs), atol=1e-4)
+
+
+def test_abort_drops_groups_and_frees_their_slots(tiny_model_dir):
+    engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=8)
+    prompt = engine.render_prompt([{"role": "user", "content": "Add 2+2"}])
+    engine.submit("a", GenerationRequest(prompt, n=4, max_tokens=50, seed=1))
+    engine.submit("b", GenerationRequest(prompt, n=4, max_tokens=50, seed=2))
+    engine.step()
+    assert engine.abort(["a"]) == ["a"] and engine.in_flight() == ["b"] and engine.free_slots() == 4
+    done = {}
+    while engine.in_flight():
+        done.update(engine.step())
+    assert list(done) == ["b"] and len(done["b"]) == 4
+
+
+def test_weights_cannot_change_under_groups_in_flight(tiny_model_dir, tmp_path):
+    from magic.common.weights import Checkpoint
+
+    engine = TorchEngine(str(tiny_model_dir))
+    engine.submit("a", GenerationRequest(engine.render_prompt([{"role": "user", "content": "Add 1+1"}]), n=1, max_tokens=5))
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.load_checkpoint(Checkpoint(1, tmp_path))
+
+
+def test_invalid_requests_are_refused_with_a_clear_error(tiny_model_dir):
+    engine = TorchEngine(str(tiny_model_dir))
+    with pytest.raises(ValueError, match="invalid generation request"):
+        engine.submit("x", GenerationRequest([1, 2], n=0))
+    with pytest.raises(ValueError, match="max_batch_sequences"):
+        TorchEngine(str(tiny_model_dir), max_batch_sequences=0)

@@ -1,0 +1,129 @@
+"""The vLLM engine against a real local HTTP server answering with vLLM 0.33.0's shapes."""
+
+from pathlib import Path
+
+import pytest
+
+from magic.common.pb import messages_pb2 as pb
+from magic.common.weights import Checkpoint
+from magic.rollout.engine import GenerationRequest
+from magic.rollout.vllm_engine import VllmEngine, VllmError, completion_request, parse_completion
+
+from .vllm_server import FakeVllm
+
+# Field names of CompletionRequest in vLLM 0.33.0 (vllm/entrypoints/openai/completion/protocol.py)
+# that this engine may send; the server ignores unknown fields with a warning, so a typo would
+# silently fall back to a default — this list catches it.
+COMPLETION_REQUEST_FIELDS = {
+    "model", "prompt", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty",
+    "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user", "use_beam_search", "top_k",
+    "min_p", "repetition_penalty", "length_penalty", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+    "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+    "prompt_logprobs", "add_special_tokens", "request_id", "return_tokens_as_token_ids", "return_token_ids",
+    "return_weight_versions", "cache_salt", "priority", "vllm_xargs",
+}
+
+
+@pytest.fixture
+def fake():
+    server = FakeVllm()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def engine(fake, tiny_model_dir):
+    e = VllmEngine(fake.url, str(tiny_model_dir), model="policy", max_batch_sequences=16, timeout=10)
+    yield e
+    e.close()
+
+
+def test_the_request_names_only_vllm_fields_and_neutralises_generation_config_defaults():
+    body = completion_request(GenerationRequest([1, 2, 3], n=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=7), "rid", "policy")
+    assert set(body) <= COMPLETION_REQUEST_FIELDS
+    assert body["prompt"] == [1, 2, 3] and body["n"] == 4 and body["max_tokens"] == 64 and body["seed"] == 7
+    assert body["logprobs"] == 0 and body["return_token_ids"] and body["return_weight_versions"]
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"], body["presence_penalty"], body["frequency_penalty"]) == (0, 0.0, 1.0, 0.0, 0.0)
+
+
+def test_server_with_raw_logprobs_is_refused(tiny_model_dir):
+    server = FakeVllm(logprobs_mode="raw_logprobs")
+    try:
+        with pytest.raises(VllmError, match="--logprobs-mode processed_logprobs"):
+            VllmEngine(server.url, str(tiny_model_dir), timeout=10)
+    finally:
+        server.close()
+
+
+def test_generate_parses_token_ids_logprobs_and_finish_reasons(fake, engine, tmp_path):
+    engine.load_checkpoint(Checkpoint(3, tmp_path))
+    fake.script = [([5, 6, 2], [-0.5, -1.25, -0.01], "stop"), ([7, 8, 9, 10], [-2.0, -0.1, -0.3, -4.0], "length")]
+    results, stats = engine.generate([GenerationRequest([1, 2], n=2, max_tokens=4, seed=11), GenerationRequest([3], n=3, max_tokens=4)])
+    assert [len(r) for r in results] == [2, 3]
+    first, second = results[0]
+    assert first.token_ids == [5, 6, 2] and first.logprobs == [-0.5, -1.25, -0.01] and first.finish_reason == pb.FINISH_REASON_STOP
+    assert second.token_ids == [7, 8, 9, 10] and second.finish_reason == pb.FINISH_REASON_LENGTH
+    assert stats.sequences == 5 and stats.tokens == 3 + 4 + 3 + 4 + 3
+    bodies = [body for m, p, _, body in fake.calls if p == "/v1/completions"]
+    assert sorted(b["n"] for b in bodies) == [2, 3] and all(b["model"] == "policy" for b in bodies)
+
+
+def test_samples_from_another_weight_version_are_refused(fake, engine, tmp_path):
+    engine.load_checkpoint(Checkpoint(3, tmp_path))
+    fake.weight_version = "2"  # the server's weights changed under us
+    response = fake.completion({"n": 1, "prompt": [1], "return_token_ids": True, "return_weight_versions": True})
+    with pytest.raises(VllmError, match="weight versions \\['2'\\], expected only 3"):
+        parse_completion(response, 1, 3)
+    engine.submit("g", GenerationRequest([1], n=1, max_tokens=3))
+    finished = []
+    while not finished:
+        finished = engine.step()
+    assert finished[0][0] == "g" and isinstance(finished[0][1], VllmError)
+
+
+def test_a_failed_request_comes_back_as_an_error_for_that_group_only(fake, engine, tmp_path):
+    engine.load_checkpoint(Checkpoint(0, tmp_path))
+    fake.fail_completions = 1
+    fake.delay = 0.05
+    engine.submit("a", GenerationRequest([1], n=1, max_tokens=3))
+    engine.submit("b", GenerationRequest([1], n=1, max_tokens=3))
+    got = {}
+    while len(got) < 2:
+        got.update(engine.step())
+    errors = [k for k, v in got.items() if isinstance(v, Exception)]
+    assert len(errors) == 1 and "500" in str(got[errors[0]])
+
+
+def test_reload_from_path_pauses_reloads_labels_and_resumes(fake, engine, tmp_path):
+    engine.load_checkpoint(Checkpoint(5, tmp_path / "v000005"))
+    assert fake.paths() == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    rpc = next(b for _, p, _, b in fake.calls if p == "/collective_rpc")
+    assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "v000005")}}
+    assert next(q for _, p, q, _ in fake.calls if p == "/pause") == {"mode": ["wait"]}
+    assert engine.version == 5 and fake.weight_version == "5"
+
+
+def test_nccl_join_and_receive_use_vllms_weight_transfer_routes(fake, engine):
+    assert engine.nccl_gpus() == 2
+    group = pb.NcclGroup(id=1, master_address="learner", master_port=29600, world_size=5, rank_offsets={"w/abc": 3}, packed=True, packed_buffer_size_bytes=1 << 30, packed_num_buffers=2)
+    engine.join_nccl_group(group, 3)
+    init = next(b for _, p, _, b in fake.calls if p == "/init_weight_transfer_engine")
+    assert init == {"init_info": {"master_address": "learner", "master_port": 29600, "rank_offset": 3, "world_size": 5, "packed": True, "packed_buffer_size_bytes": 1 << 30, "packed_num_buffers": 2}}
+    update = pb.NcclUpdate(group_id=1, tensors=[pb.TensorSpec(name="model.embed_tokens.weight", dtype="bfloat16", shape=[10, 4])])
+    engine.receive_nccl(7, update)
+    assert fake.paths()[-5:] == ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume"]
+    body = next(b for _, p, _, b in fake.calls if p == "/update_weights")
+    assert body == {"update_info": {"names": ["model.embed_tokens.weight"], "dtype_names": ["bfloat16"], "shapes": [[10, 4]]}}
+    assert engine.version == 7 and fake.weight_version == "7"
+
+
+def test_abort_sends_the_request_ids_of_running_groups(fake, engine, tmp_path):
+    engine.load_checkpoint(Checkpoint(0, tmp_path))
+    fake.delay = 0.5
+    engine.submit("slow", GenerationRequest([1], n=1, max_tokens=3))
+    import time
+
+    time.sleep(0.1)
+    assert engine.abort() == ["slow"] and engine.in_flight() == []
+    aborted = next(b for _, p, _, b in fake.calls if p == "/abort_requests")
+    assert len(aborted["request_ids"]) == 1 and aborted["request_ids"][0].startswith("magic-")
