@@ -1,0 +1,115 @@
+"""The rollout worker over a real Redis with the torch engine: dynamic pulling, versions, stragglers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from magic.common import codec, keys
+from magic.common.bus import Stream
+from magic.common.config import FilesystemTransportConfig, RolloutSettings
+from magic.common.pb import messages_pb2 as pb
+from magic.common.weights import make_receiver, make_sender
+from magic.rollout.engine import TorchEngine
+from magic.rollout.worker import RolloutWorker
+
+pytestmark = pytest.mark.integration
+RUN = "t"
+
+
+def publish_weights(r, tmp_path, engine, version):
+    sender = make_sender(FilesystemTransportConfig(), r=r, run_id=RUN, root=tmp_path / "weights", stream=Stream(r, keys.RunKeys(RUN).weights),
+                         config_json=engine.model.config.to_json_string(), keep=3)
+    state = {k: v for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    return sender.publish(version, state)
+
+
+def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0):
+    for i in range(count):
+        g = pb.PromptGroup(run_id=RUN, group_id=f"{step}:{i:05d}", step=step, policy_version=version, published_at=time.time(),
+                           sampling=pb.SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, seed=i))
+        g.messages.add(role="user", content=f"Add {i}+1")
+        r.xadd(keys.RunKeys(RUN).prompts, codec.encode(g))
+
+
+def make_worker(r, tiny_model_dir, tmp_path, name, **settings):
+    s = RolloutSettings(worker_name=name, max_batch_sequences=settings.pop("max_batch_sequences", 4), **settings)
+    engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=s.max_batch_sequences)
+    return RolloutWorker(r, RUN, s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / name))
+
+
+def rollouts(r):
+    return [g for _, g in Stream(r, keys.RunKeys(RUN).rollouts).read_after("0", pb.RolloutGroup, count=1000)]
+
+
+def drive(workers, until, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        for w in workers:
+            w.poll()
+
+
+def test_two_workers_share_the_queue_and_every_group_is_generated_once(r, tiny_model_dir, tmp_path):
+    a = make_worker(r, tiny_model_dir, tmp_path, "a")
+    b = make_worker(r, tiny_model_dir, tmp_path, "b")
+    publish_weights(r, tmp_path, a.engine, 0)
+    publish_prompts(r, 12)
+    drive([a, b], lambda: len(rollouts(r)) >= 12)
+    got = rollouts(r)
+    assert sorted(g.prompt.group_id for g in got) == sorted(f"0:{i:05d}" for i in range(12))
+    assert {g.worker for g in got} == {"a", "b"}  # pulled by whichever had room, no static split
+    assert all(s.policy_version == 0 and len(s.response_ids) == len(s.logprobs) for g in got for s in g.samples)
+    assert r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
+    assert {k.decode(): int(v) for k, v in r.hgetall(keys.RunKeys(RUN).weight_versions).items()} == {"a": 0, "b": 0}
+
+
+def test_groups_wait_for_their_version_and_stale_ones_are_skipped(r, tiny_model_dir, tmp_path):
+    w = make_worker(r, tiny_model_dir, tmp_path, "w")
+    publish_weights(r, tmp_path, w.engine, 0)
+    publish_weights(r, tmp_path, w.engine, 1)
+    w.poll()
+    assert w.engine.version == 1  # caught up to the newest announced version directly
+    publish_prompts(r, 1, version=0, step=0)  # stale
+    publish_prompts(r, 1, version=2, step=2)  # needs weights not published yet
+    for _ in range(5):
+        w.poll()
+    assert rollouts(r) == [] and w.stale_prompts == 1 and len(w._held) == 1
+    publish_weights(r, tmp_path, w.engine, 2)
+    drive([w], lambda: len(rollouts(r)) == 1)
+    assert rollouts(r)[0].prompt.group_id == "2:00000" and rollouts(r)[0].samples[0].policy_version == 2
+    loaded = [e.weights_loaded.version for _, e in Stream(r, keys.RunKeys(RUN).events).read_after("0", pb.Event) if e.WhichOneof("kind") == "weights_loaded"]
+    assert loaded == [1, 2]
+
+
+def test_an_idle_worker_takes_over_a_straggling_group(r, tiny_model_dir, tmp_path):
+    slow = make_worker(r, tiny_model_dir, tmp_path, "slow")
+    fast = make_worker(r, tiny_model_dir, tmp_path, "fast", straggler_seconds=0.5)
+    publish_weights(r, tmp_path, slow.engine, 0)
+    publish_prompts(r, 1, max_tokens=20)
+    slow.sync_weights()
+    slow.admit()  # slow has the group in its engine and then stalls
+    assert len(slow._work) == 1
+    fast.poll()
+    assert rollouts(r) == []  # not yet a straggler
+    time.sleep(0.6)
+    drive([fast], lambda: len(rollouts(r)) == 1)
+    assert rollouts(r)[0].worker == "fast" and fast.stolen == 1
+    while slow._work:  # the straggler finishes its copy: it is dropped, not published twice
+        slow.poll()
+    assert len(rollouts(r)) == 1
+    assert r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
+
+
+def test_a_new_version_drops_groups_still_in_flight_at_the_old_one(r, tiny_model_dir, tmp_path):
+    w = make_worker(r, tiny_model_dir, tmp_path, "w")
+    publish_weights(r, tmp_path, w.engine, 0)
+    publish_prompts(r, 1, max_tokens=50)
+    w.sync_weights()
+    w.admit()
+    assert len(w._work) == 1
+    publish_weights(r, tmp_path, w.engine, 1)
+    w.poll()
+    assert w.engine.version == 1 and not w._work and w.engine.in_flight() == []
+    assert rollouts(r) == [] and r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
