@@ -83,7 +83,7 @@ class RolloutWorker(Worker):
         self._held: list[tuple[Entry, pb.PromptGroup]] = []  # waiting for a newer version
         self._stolen_ids: set[str] = set()  # claimed from a straggling worker, not yet submitted
         self._last_reclaim = 0.0
-        self._group_size = 1  # gs of the last group seen: how many sequences a new group needs
+        self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._endpoint = receiver.endpoint_status(engine)
         self.stale_prompts = 0

@@ -170,7 +170,7 @@ def _fetch(client, url: str, dest: Path, version: int) -> tuple[str, int]:
                 raise WeightIntegrityError(f"weights v{version}: GET {url} answered {resp.status_code}")
             expected = int(resp.headers.get("content-length", -1))
             with dest.open("wb") as f:
-                for block in resp.iter_bytes(8 << 20):
+                for block in resp.iter_bytes(1 << 20):  # larger chunks re-buffer in httpx and run slower
                     h.update(block)
                     f.write(block)
                     size += len(block)
