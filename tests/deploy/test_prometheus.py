@@ -2,12 +2,16 @@
 dashboard query is evaluated over the run as Grafana would: none may come back empty.
 
 The scrape configuration mirrors the chart's ServiceMonitor: one target per service, each series
-labelled with its `component`. The run: the tiny model, 2 stages x 2 steps (T = 12, then 24).
+labelled with its `component`. The run: 2 stages x 2 steps (T = 12, then 24) of a tiny model
+taught in a few seconds to answer "Add a+b" with a boxed guess, right about a fifth of the time, so
+that groups carry signal and the learner trains (an untrained model's groups are all wrong, and
+all-zero-advantage groups are rejected: no policy-loss figures would exist).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import shutil
 import subprocess
 import time
@@ -96,7 +100,28 @@ class Prometheus:
 
 
 @pytest.fixture(scope="module")
-def scraped_run(tmp_path_factory, tiny_model_dir):
+def guessing_model(tmp_path_factory):
+    """(model dir, train.jsonl): a 27k-parameter model after 100 supervised steps on answer-only
+    demonstrations for two-term sums (about 20% correct at tau = 1)."""
+    from transformers.utils import logging as hf_logging
+
+    from magic.demo.prepare import build_model
+    from magic.demo.sft import SFTConfig, train
+
+    hf_logging.disable_progress_bar()
+    out = tmp_path_factory.mktemp("guessing-model")
+    model, tokenizer = build_model(out, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    rng = random.Random(0)
+    problems = [[rng.randint(1, 4), rng.randint(1, 4)] for _ in range(2000)]
+    train(model, tokenizer, problems, SFTConfig(steps=100, batch_size=32, micro_batches=1, warmup_steps=10, lr=1e-2, answer_only_fraction=1.0))
+    model.save_pretrained(str(out))
+    data = out / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(problems[:200])])
+    return out, data
+
+
+@pytest.fixture(scope="module")
+def scraped_run(tmp_path_factory, guessing_model):
     """Runs the services under Prometheus' scrape; yields `query(expr) -> result` over the run."""
     tmp = tmp_path_factory.mktemp("prometheus")
     server = RedisServer().start()
@@ -111,11 +136,10 @@ def scraped_run(tmp_path_factory, tiny_model_dir):
         wait_for(prometheus.ready, 60, "Prometheus to start")
         wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 4, 120, "every service to be scraped", sup)
 
-        data = tmp / "train.jsonl"
-        task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(3, 0, 40, 0)["train"])])
+        model, data = guessing_model
         api = httpx.Client(base_url=f"http://127.0.0.1:{ports['controller']}", timeout=30)
         start = time.time()
-        resp = api.post("/v1/runs", json={"name": "scraped", "model": str(tiny_model_dir), "train_files": [str(data)], "stages": STAGES})
+        resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
         assert resp.status_code == 201, resp.text
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
         assert status["status"] == "finished", status.get("error")
@@ -160,7 +184,8 @@ def values(scraped_run, expr: str) -> list[float]:
 
 
 def test_progress_figures_follow_the_plan(scraped_run):
-    assert set(values(scraped_run, 'max(magic_context_length{component="controller"})')) == {12, 24}
+    # (before the driver sets them, unlabelled gauges read 0)
+    assert {12, 24} <= set(values(scraped_run, 'max(magic_context_length{component="controller"})')) <= {0, 12, 24}
     assert set(values(scraped_run, 'max(magic_stage{component="controller"})')) == {0, 1}
     assert max(values(scraped_run, 'max(magic_policy_version{component="controller"})')) == 4
     assert max(values(scraped_run, 'max(magic_learner_step{component="learner"})')) == 3
@@ -174,21 +199,18 @@ def test_training_figures_are_in_range(scraped_run):
     for expr in ('max(magic_response_clip_ratio{component="learner"})', 'max by (subset) (magic_accuracy{component="learner"})'):
         assert all(0 <= v <= 1 for v in values(scraped_run, expr))
     assert max(values(scraped_run, 'max(magic_response_length_tokens{component="learner"})')) <= 24
+    assert max(values(scraped_run, 'max(magic_grad_norm{component="learner"})')) > 0
+    assert max(values(scraped_run, 'max(magic_accuracy{component="learner",subset="all"})')) > 0
 
 
 def test_system_figures_count_the_workers_and_streams(scraped_run):
     live = {s["metric"]["service"]: finite_values([s]) for s in scraped_run('max by (service) (magic_live_workers{component="controller"})')}
     assert {k: max(v) for k, v in live.items()} == {"rollout": 1, "reward": 1, "learner": 1}
     lengths = {s["metric"]["stream"]: max(finite_values([s])) for s in scraped_run('max by (stream) (magic_stream_length{component="controller"})')}
-    assert lengths["prompts"] == 4 * 4 and lengths["dead"] == 0  # D_R groups per step, 4 steps
+    assert lengths["prompts"] in (12, 16) and lengths["dead"] == 0  # D_R = 4 groups per step; sampled at most once a second
     assert max(values(scraped_run, 'sum(magic_rollout_tokens_total{component="rollout"})')) > 0
 
 
 @pytest.mark.xfail(strict=True, reason="adaptive entropy control (its own issue) does not report entropy_target/entropy_coef yet: the gauges stay at 0")
 def test_entropy_target_is_the_stage_target(scraped_run):
     assert set(values(scraped_run, 'max(magic_entropy_target{component="learner"})')) == {0.2}  # the stages' default tgt_ent
-
-
-@pytest.mark.xfail(strict=True, reason="the learner's step record has no grad_norm yet: magic_grad_norm stays at 0")
-def test_gradient_norm_is_reported(scraped_run):
-    assert max(values(scraped_run, 'max(magic_grad_norm{component="learner"})')) > 0
