@@ -14,13 +14,26 @@ RUN_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto venv clean
+# Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py).
+# Installed non-interactively when missing (as root, or through sudo), skipped when present.
+TEST_DEBS ?= prometheus
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test proto venv clean test-debs
 
 run: $(STAMP)
 	$(BIN)/magic local $(RUN_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) test-debs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-debs:
+	@missing=""; for p in $(TEST_DEBS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages for the tests:$$missing"; \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py

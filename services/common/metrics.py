@@ -72,6 +72,7 @@ STEP = Gauge("magic_step", "Current on-policy step")
 LIVE_WORKERS = Gauge("magic_live_workers", "Workers with a fresh heartbeat", ["service"])
 STREAM_LENGTH = Gauge("magic_stream_length", "Entries in a run stream", ["stream"])
 STREAM_PENDING = Gauge("magic_stream_pending", "Entries delivered but not yet acknowledged", ["stream"])
+STREAM_LAG = Gauge("magic_stream_lag", "Entries not yet delivered to the stream's consumer group (Redis 7 XINFO GROUPS lag)", ["stream"])
 
 # -- service figures --------------------------------------------------------------------------
 ROLLOUT_TOKENS = Counter("magic_rollout_tokens", "Response tokens generated")
@@ -99,6 +100,12 @@ REWARD_LATENCY = Histogram(
 REWARD_VERDICTS = Counter("magic_reward_verdicts", "Scored responses by verdict", ["kind", "verdict"])
 DEAD_LETTERS = Counter("magic_dead_letters", "Stream entries moved to the dead-letter stream", ["stream"])
 ERRORS = Counter("magic_errors", "Errors a worker recovered from", ["service"])
+
+
+def declare_service(service: str) -> None:
+    """Create this process's labelled series at 0, so that dashboards show 0 rather than no data
+    before the first error (Prometheus' advice: initialise the label values you know in advance)."""
+    ERRORS.labels(service=service)
 
 
 # -- the HTTP endpoint ------------------------------------------------------------------------

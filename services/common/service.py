@@ -23,7 +23,7 @@ from magic.common import keys
 from magic.common.config import ServiceSettings
 from magic.common.heartbeat import Heartbeat
 from magic.common.logs import setup_logging
-from magic.common.metrics import serve_http
+from magic.common.metrics import declare_service, serve_http
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[redis.Redis
         return {"run": run_id, **(worker.status() if worker else {})}
 
     heartbeat = Heartbeat(r, service, settings.worker_name, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds, status).start()
+    declare_service(service)
     if settings.metrics_port is not None:
         serve_http(settings.metrics_port, ready.is_set)
     log.info("%s %s up (redis %s)", service, settings.worker_name, settings.redis_url)

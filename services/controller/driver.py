@@ -27,6 +27,7 @@ from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.controller.datasets import PromptSource, load_jsonl
 from magic.controller.store import Phase, RunStatus, RunStore
+from magic.controller.stream_metrics import StreamSampler
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class StepDriver(threading.Thread):
         self.events.ensure()
         self.prompts = Stream(r, self.keys.prompts)
         self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
+        self.stream_sampler = StreamSampler(r, run_id)
 
     def run(self) -> None:
         try:
@@ -180,6 +182,7 @@ class StepDriver(threading.Thread):
 
     def _check_events(self, block_ms: int = 0) -> None:
         """Consume control events: remember StepCompleted, fail on WorkerError."""
+        self.stream_sampler.maybe_sample()
         for entry in self.events.read(count=100, block_ms=block_ms or 1):
             event = self.events.decode(entry, pb.Event)
             if event is None:

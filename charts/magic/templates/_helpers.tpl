@@ -1,0 +1,257 @@
+{{/* Names ------------------------------------------------------------------------------- */}}
+
+{{- define "magic.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "magic.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The name of one component's objects: (dict "root" $ "component" "rollout") */}}
+{{- define "magic.componentName" -}}
+{{- printf "%s-%s" (include "magic.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "magic.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "magic.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels: (dict "root" $ "component" "rollout"); component may be empty ------------------ */}}
+
+{{- define "magic.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "magic.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "magic.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "magic.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: magic
+{{- end }}
+
+{{/* Pods ---------------------------------------------------------------------------------- */}}
+
+{{/* image reference of a component's values: (dict "root" $ "image" .Values.rollout.image) */}}
+{{- define "magic.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* Pod-level fields every pod shares: (dict "root" $ "values" .Values.rollout) */}}
+{{- define "magic.podCommon" -}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+serviceAccountName: {{ include "magic.serviceAccountName" .root }}
+automountServiceAccountToken: false
+securityContext:
+  {{- mergeOverwrite (deepCopy .root.Values.podSecurityContext) (.values.podSecurityContext | default dict) | toYaml | nindent 2 }}
+{{- with .values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A container's security context: the top-level one with the component's merged over it */}}
+{{- define "magic.securityContext" -}}
+{{- mergeOverwrite (deepCopy .root.Values.securityContext) (.values.securityContext | default dict) | toYaml }}
+{{- end }}
+
+{{/* resources with `gpus` NVIDIA GPUs added to requests and limits: (dict "resources" ... "gpus" n) */}}
+{{- define "magic.resources" -}}
+{{- $r := deepCopy (.resources | default dict) }}
+{{- if gt (int .gpus) 0 }}
+{{- $_ := set $r "limits" (merge (dict "nvidia.com/gpu" (int .gpus)) ($r.limits | default dict)) }}
+{{- $_ := set $r "requests" (merge (dict "nvidia.com/gpu" (int .gpus)) ($r.requests | default dict)) }}
+{{- end }}
+{{- toYaml $r }}
+{{- end }}
+
+{{/* Settings --------------------------------------------------------------------------------- */}}
+
+{{- define "magic.redisHost" -}}
+{{- include "magic.componentName" (dict "root" . "component" "redis") }}
+{{- end }}
+
+{{- define "magic.redisSecretName" -}}
+{{- default (include "magic.componentName" (dict "root" . "component" "redis")) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{- define "magic.apiTokenSecretName" -}}
+{{- default (include "magic.componentName" (dict "root" . "component" "auth")) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* MAGIC_REDIS_URL (and the password it expands) as EnvVars */}}
+{{- define "magic.redisEnv" -}}
+{{- if .Values.redis.enabled }}
+{{- if .Values.redis.auth.enabled }}
+- name: MAGIC_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "magic.redisSecretName" . }}
+      key: {{ .Values.redis.auth.existingSecretPasswordKey }}
+- name: MAGIC_REDIS_URL
+  value: {{ printf "redis://:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" (include "magic.redisHost" .) | quote }}
+{{- else }}
+- name: MAGIC_REDIS_URL
+  value: {{ printf "redis://%s:6379/0" (include "magic.redisHost" .) | quote }}
+{{- end }}
+{{- else if .Values.externalRedis.existingSecret }}
+- name: MAGIC_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.externalRedis.existingSecret }}
+      key: {{ .Values.externalRedis.existingSecretUrlKey }}
+{{- else }}
+- name: MAGIC_REDIS_URL
+  value: {{ required "externalRedis.url or externalRedis.existingSecret is required when redis.enabled is false" .Values.externalRedis.url | quote }}
+{{- end }}
+{{- end }}
+
+{{/* EnvVars every MAGIC container shares: (dict "root" $ "values" .Values.rollout) */}}
+{{- define "magic.env" -}}
+{{ include "magic.redisEnv" .root }}
+- name: MAGIC_DATA_DIR
+  value: {{ .root.Values.persistence.mountPath | quote }}
+- name: MAGIC_WORKER_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: MAGIC_POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: MAGIC_LOG_LEVEL
+  value: {{ .root.Values.logLevel | quote }}
+- name: HOME
+  value: /home/magic
+- name: TMPDIR
+  value: /tmp
+{{- with .root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes ---------------------------------------------------------------------------------- */}}
+
+{{/* The writable scratch directories of a read-only root filesystem, and the shared volume */}}
+{{- define "magic.volumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: home
+  emptyDir: {}
+{{- if .data }}
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ default (include "magic.componentName" (dict "root" .root "component" "data")) .root.Values.persistence.existingClaim }}
+{{- end }}
+{{- with .shmSize }}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "magic.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: /home/magic
+{{- if .data }}
+- name: data
+  mountPath: {{ .root.Values.persistence.mountPath }}
+{{- end }}
+{{- if .shmSize }}
+- name: shm
+  mountPath: /dev/shm
+{{- end }}
+{{- end }}
+
+{{/* The port, probes and security context of a worker container (rollout, reward, learner) */}}
+{{- define "magic.workerContainerCommon" -}}
+securityContext:
+  {{- include "magic.securityContext" . | nindent 2 }}
+{{- with .values.livenessProbe }}
+livenessProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.readinessProbe }}
+readinessProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* ServiceMonitor on, off or auto-detected */}}
+{{- define "magic.serviceMonitorEnabled" -}}
+{{- $on := toString .Values.metrics.serviceMonitor.enabled }}
+{{- if or (eq $on "true") (and (eq $on "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) }}true{{ end }}
+{{- end }}
+
+{{/* A generated secret value that survives upgrades: (dict "root" $ "name" secretName "key" k
+     "value" given "length" n) -> the given value, else the one already in the cluster's Secret,
+     else a new random one. */}}
+{{- define "magic.secretValue" -}}
+{{- if .value }}
+{{- .value }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $existing (hasKey ($existing.data | default dict) .key) }}
+{{- index $existing.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum (int .length) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* NetworkPolicy pieces -------------------------------------------------------------------- */}}
+
+{{/* A peer: the pods of this release, or of one component: (dict "root" $ "component" "rollout") */}}
+{{- define "magic.podPeer" -}}
+- podSelector:
+    matchLabels:
+      {{- include "magic.selectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{/* An ingress rule for `port` from `peers` (empty: from anywhere): (dict "port" p "peers" list) */}}
+{{- define "magic.ingressRule" -}}
+- ports:
+    - port: {{ .port }}
+  {{- with .peers }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

@@ -1,0 +1,26 @@
+# syntax=docker/dockerfile:1.7
+# A rollout pod's image, for both of its containers: `vllm serve` (vLLM's OpenAI-compatible server
+# with the weight-transfer routes) and `magic serve rollout` (the worker that feeds it prompt groups).
+#   docker build -f docker/rollout.Dockerfile -t magic-rollout:0.1.0 .     (from the repository root)
+# The learner image starts from the same vLLM image: trainer and servers must run the same torch
+# and NCCL for the weight broadcast. Runs as user 10001.
+
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
+
+FROM ${VLLM_IMAGE}
+# the vLLM image installs its packages into the system Python
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY proto ./proto
+COPY services ./services
+# vLLM's image already has torch (CUDA) and transformers; pip keeps them, since they satisfy ours
+RUN python3 -m pip install . && rm -rf /src
+RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic
+WORKDIR /home/magic
+ENV PYTHONUNBUFFERED=1 HOME=/home/magic HF_HOME=/home/magic/.cache/huggingface \
+    VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 MAGIC_METRICS_PORT=9400
+USER 10001:10001
+EXPOSE 8000 9400
+ENTRYPOINT ["magic"]
+CMD ["serve", "rollout"]

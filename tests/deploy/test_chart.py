@@ -1,0 +1,339 @@
+"""charts/magic rendered by the real Helm engine (helm-python-sdk), linted, and every manifest
+validated strictly against the Kubernetes OpenAPI schemas (kubernetes-validate), for the default
+values and the value sets in charts/magic/ci/."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from .conftest import CHART, DASHBOARDS, NAMESPACE, RELEASE, VALUE_SETS, value_set
+
+pytestmark = pytest.mark.deploy
+
+KUBE_VERSIONS = ("1.27.0", "1.35.0")  # the oldest the chart supports (Chart.yaml kubeVersion), and a current one
+CRD_KINDS = {"ServiceMonitor"}  # not in the Kubernetes OpenAPI: checked by cross-reference below
+
+
+def render(chart, values: dict | None, **kw) -> list[dict]:
+    out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True, **kw)
+    return [doc for path, text in out.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(chart) -> dict[str, list[dict]]:
+    return {name: render(chart, value_set(name)) for name in VALUE_SETS}
+
+
+def objects(docs, kind, name=None):
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs, kind, name):
+    found = objects(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
+    return found[0]
+
+
+def pod_spec(docs, kind, component):
+    return one(docs, kind, f"{RELEASE}-magic-{component}")["spec"]["template"]["spec"]
+
+
+def container(spec, name):
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+def env(c) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def gpus(c) -> int:
+    res = c.get("resources", {})
+    lim, req = res.get("limits", {}).get("nvidia.com/gpu", 0), res.get("requests", {}).get("nvidia.com/gpu", 0)
+    assert lim == req, f"{c['name']}: GPU requests {req} != limits {lim}"
+    return int(lim)
+
+
+WORKLOADS = [("Deployment", "controller"), ("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "learner")]
+
+
+# -- the Helm engine -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_is_clean(name):
+    import helm_python as helm
+
+    for kube in KUBE_VERSIONS:
+        report = helm.lint(CHART, value_set(name), strict=True, namespace=NAMESPACE, kube_version=f"v{kube}")
+        problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        assert not problems, problems
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+def test_every_manifest_validates_strictly(rendered, name, kube):
+    import kubernetes_validate
+
+    docs = rendered[name]
+    assert len(docs) >= 15
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(doc, kube, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{name}: {where} is invalid for Kubernetes {kube} at {'.'.join(map(str, exc.path))}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"{name}: {where}: {exc.message}")
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_names_are_unique_and_valid(rendered, name):
+    import re
+
+    seen = set()
+    for doc in rendered[name]:
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", doc["metadata"]["name"]), key
+
+
+# -- what every value set guarantees ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, name):
+    docs = rendered[name]
+    for kind, component in WORKLOADS + [("StatefulSet", "redis")]:
+        if component == "redis" and not objects(docs, "StatefulSet", f"{RELEASE}-magic-redis"):
+            continue
+        spec = pod_spec(docs, kind, component)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], (component, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (component, c["name"])
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert "/tmp" in mounts, (component, c["name"])
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_services_have_probes_and_settings(rendered, name):
+    docs = rendered[name]
+    for kind, component in WORKLOADS:
+        spec = pod_spec(docs, kind, component)
+        c = container(spec, component)
+        assert c["args"] == ["serve", component]
+        port = "http" if component == "controller" else "metrics"
+        assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+        assert port in {p["name"] for p in c["ports"]}
+        e = env(c)
+        assert e["MAGIC_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert "MAGIC_REDIS_URL" in e
+        if component != "controller":
+            assert e["MAGIC_METRICS_PORT"] == "9400"
+        has_data = any(v.get("persistentVolumeClaim") for v in spec["volumes"])
+        assert has_data == (component != "reward"), f"{component}: only the reward pods go without the shared volume"
+    controller = container(pod_spec(docs, "Deployment", "controller"), "controller")
+    assert env(controller)["MAGIC_HOST"] == "0.0.0.0"
+    assert "secretKeyRef" in env(controller)["MAGIC_API_TOKEN"]
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_dashboards_ship_as_sidecar_configmaps(rendered, name):
+    maps = [d for d in rendered[name] if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]]
+    assert sorted(m["metadata"]["name"] for m in maps) == [f"{RELEASE}-magic-dashboard-system", f"{RELEASE}-magic-dashboard-training"]
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((file, text),) = m["data"].items()
+        assert json.loads(text) == json.loads((DASHBOARDS / file).read_text())
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_reward_pods_reach_only_dns_and_redis(rendered, name):
+    docs = rendered[name]
+    policy = one(docs, "NetworkPolicy", f"{RELEASE}-magic-reward")["spec"]
+    assert "Egress" in policy["policyTypes"]
+    egress = policy["egress"]
+    assert len(egress) == 2
+    assert {p["port"] for p in egress[0]["ports"]} == {53}
+    redis_rule = egress[1]
+    if name == "external-redis":
+        assert redis_rule == {"ports": [{"port": 6380}], "to": [{"ipBlock": {"cidr": "10.20.0.15/32"}}]}
+    else:
+        assert redis_rule["ports"] == [{"port": 6379}]
+        assert redis_rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_vllm_port_is_open_only_to_rollout_and_learner(rendered, name):
+    docs = rendered[name]
+    rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-rollout")["spec"]["ingress"]
+    for rule in rules:
+        if rule.get("ports") == [{"port": "metrics"}]:
+            continue  # /metrics, for Prometheus (networkPolicy.metricsIngressFrom)
+        sources = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]}
+        assert sources == {"rollout", "learner"} and len(rule["from"]) == 2, rule
+    learner_rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-learner")["spec"]["ingress"]
+    assert all(rule.get("ports") == [{"port": "metrics"}] or rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rollout" for rule in learner_rules)
+
+
+# -- the value sets ----------------------------------------------------------------------------------
+
+
+def test_default_values_run_vllm_on_one_gpu_per_pod_with_bundled_redis(rendered):
+    docs = rendered["default"]
+    spec = pod_spec(docs, "Deployment", "rollout")
+    worker, vllm = container(spec, "rollout"), container(spec, "vllm")
+    assert gpus(vllm) == 1 and gpus(worker) == 0
+    assert vllm["command"] == ["vllm", "serve"] and "--tensor-parallel-size=1" in vllm["args"]
+    assert env(vllm)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env(worker)["MAGIC_ENGINE"] == "vllm" and env(worker)["MAGIC_VLLM_URL"] == "http://127.0.0.1:8000"
+    assert gpus(container(pod_spec(docs, "StatefulSet", "learner"), "learner")) == 1
+    # Redis: persistent, append-only, password from the generated Secret
+    redis = one(docs, "StatefulSet", f"{RELEASE}-magic-redis")
+    assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    conf = one(docs, "ConfigMap", f"{RELEASE}-magic-redis")["data"]["redis.conf"]
+    assert "appendonly yes" in conf and "maxmemory-policy noeviction" in conf
+    url = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_REDIS_URL"]
+    assert url == f"redis://:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"
+    secret = one(docs, "Secret", f"{RELEASE}-magic-redis")
+    import base64
+
+    assert len(base64.b64decode(secret["data"]["redis-password"])) == 32
+    assert len(base64.b64decode(one(docs, "Secret", f"{RELEASE}-magic-auth")["data"]["api-token"])) == 32
+    # the shared volume is ReadWriteMany and kept on uninstall
+    pvc = one(docs, "PersistentVolumeClaim", f"{RELEASE}-magic-data")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # offline there is no monitoring.coreos.com/v1: "auto" creates no ServiceMonitor
+    assert not objects(docs, "ServiceMonitor")
+
+
+def test_cpu_values_request_no_gpu_and_run_the_torch_engine(rendered):
+    docs = rendered["cpu"]
+    assert "nvidia.com/gpu" not in json.dumps(docs)
+    spec = pod_spec(docs, "Deployment", "rollout")
+    assert [c["name"] for c in spec["containers"]] == ["rollout"]
+    assert env(spec["containers"][0])["MAGIC_ENGINE"] == "torch" and env(spec["containers"][0])["MAGIC_DEVICE"] == "cpu"
+    assert env(container(pod_spec(docs, "StatefulSet", "learner"), "learner"))["MAGIC_DEVICE"] == "cpu"
+    assert "tolerations" not in spec
+
+
+def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
+    docs = rendered["multi-gpu"]
+    rollout = one(docs, "Deployment", f"{RELEASE}-magic-rollout")
+    assert rollout["spec"]["replicas"] == 4
+    spec = rollout["spec"]["template"]["spec"]
+    vllm = container(spec, "vllm")
+    assert gpus(vllm) == 2 and "--tensor-parallel-size=2" in vllm["args"] and "--max-model-len=34816" in vllm["args"]
+    assert '--weight-transfer-config={"backend": "nccl"}' in vllm["args"]
+    assert spec["runtimeClassName"] == "nvidia"
+    learner = pod_spec(docs, "StatefulSet", "learner")
+    assert gpus(container(learner, "learner")) == 8
+    assert env(container(learner, "learner"))["MAGIC_WEIGHT_TRANSPORT"] == "nccl"
+    shm = next(v for v in learner["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+
+    # the ServiceMonitor selects every component's Service by a port that Service has
+    (monitor,) = objects(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]
+    endpoint_ports = {e["port"] for e in monitor["spec"]["endpoints"]}
+    scraped = set()
+    for svc in objects(docs, "Service"):
+        labels = svc["metadata"]["labels"]
+        if all(labels.get(k) == v for k, v in selector["matchLabels"].items()) and all(
+            labels.get(x["key"]) in x["values"] for x in selector["matchExpressions"]
+        ):
+            ports = {p["name"] for p in svc["spec"]["ports"]} & endpoint_ports
+            assert ports, f"{svc['metadata']['name']} is selected but exposes no scraped port"
+            scraped.add(labels["app.kubernetes.io/component"])
+    assert scraped == {"controller", "rollout", "reward", "learner"}
+    for e in monitor["spec"]["endpoints"]:
+        assert e["path"] == "/metrics" and e["interval"] == "10s"
+        assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "targetLabel": "component"} in e["relabelings"]
+    # dashboards go to the monitoring namespace with the folder annotation
+    board = one(docs, "ConfigMap", f"{RELEASE}-magic-dashboard-training")
+    assert board["metadata"]["namespace"] == "monitoring" and board["metadata"]["annotations"] == {"grafana_folder": "MAGIC"}
+
+
+def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
+    docs = rendered["external-redis"]
+    assert not objects(docs, "StatefulSet", f"{RELEASE}-magic-redis") and not objects(docs, "Secret")
+    assert not objects(docs, "PersistentVolumeClaim")
+    for kind, component in WORKLOADS:
+        spec = pod_spec(docs, kind, component)
+        e = env(container(spec, component))
+        assert e["MAGIC_REDIS_URL"] == {"secretKeyRef": {"name": "magic-redis-url", "key": "url"}}
+        assert "MAGIC_REDIS_PASSWORD" not in e
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ([] if component == "reward" else ["shared-rl-data"])
+    token = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_API_TOKEN"]
+    assert token == {"secretKeyRef": {"name": "magic-api", "key": "token"}}
+    api = one(docs, "NetworkPolicy", f"{RELEASE}-magic-controller")["spec"]["ingress"]
+    assert api[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
+
+
+def test_service_monitor_can_be_forced_on_or_off(chart):
+    assert objects(render(chart, {"metrics": {"serviceMonitor": {"enabled": True}}}), "ServiceMonitor")
+    assert not objects(render(chart, {"metrics": {"serviceMonitor": {"enabled": False}}}), "ServiceMonitor")
+
+
+def test_given_secrets_are_used_verbatim(chart):
+    import base64
+
+    docs = render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "p-ass.word_1"}}})
+    assert base64.b64decode(one(docs, "Secret", f"{RELEASE}-magic-auth")["data"]["api-token"]) == b"t" * 24
+    assert base64.b64decode(one(docs, "Secret", f"{RELEASE}-magic-redis")["data"]["redis-password"]) == b"p-ass.word_1"
+
+
+# -- the schema ---------------------------------------------------------------------------------------
+
+INVALID = [
+    ({"rollout": {"engine": "tgi"}}, "/rollout/engine"),
+    ({"rollout": {"replicas": -1}}, "/rollout/replicas"),
+    ({"rollout": {"gpus": 0}}, "/rollout/gpus"),  # vLLM needs a GPU: use engine=torch on CPU
+    ({"controller": {"replicas": 2}}, "/controller/replicas"),  # one step barrier per deployment
+    ({"learner": {"replicas": 2}}, "/learner/replicas"),
+    ({"learner": {"gpus": 1.5}}, "/learner/gpus"),
+    ({"redis": {"enabled": False}}, "/externalRedis"),  # needs a URL or a Secret
+    ({"redis": {"enabled": False}, "externalRedis": {"url": "http://redis:6379"}}, "/externalRedis/url"),
+    ({"redis": {"auth": {"password": "p@ss/word"}}}, "/redis/auth/password"),  # would break the redis:// URL
+    ({"redis": {"appendfsync": "sometimes"}}, "/redis/appendfsync"),
+    ({"auth": {"apiToken": "short"}}, "/auth/apiToken"),
+    ({"weightTransport": "nccl", "rollout": {"engine": "torch", "gpus": 0}}, "/rollout/engine"),
+    ({"weightTransport": "carrier-pigeon"}, "/weightTransport"),
+    ({"persistence": {"accessModes": ["ReadWriteOnce"]}}, "/persistence/accessModes"),
+    ({"persistence": {"size": "lots"}}, "/persistence/size"),
+    ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
+    ({"metrics": {"serviceMonitor": {"interval": "15 seconds"}}}, "/metrics/serviceMonitor/interval"),
+    ({"rollout": {"vllm": {"gpuMemoryUtilization": 1.5}}}, "/rollout/vllm/gpuMemoryUtilization"),
+    ({"rollout": {"resources": {"limits": {"memory": "a lot"}}}}, "/rollout/resources/limits/memory"),
+    ({"reward": {"extraEnv": [{"value": "x"}]}}, "/reward/extraEnv/0"),
+    ({"logLevel": "LOUD"}, "/logLevel"),
+    ({"learnr": {"gpus": 8}}, "learnr"),  # typos are not silently ignored
+]
+
+
+@pytest.mark.parametrize("values,where", INVALID, ids=[w for _, w in INVALID])
+def test_schema_rejects_invalid_values(chart, values, where):
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError) as exc:
+        chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+    assert "schema" in str(exc.value) and where in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_schema_accepts_the_example_value_sets(chart, name):
+    chart.validate_schema(chart.merge_values(value_set(name)))

@@ -1,0 +1,216 @@
+"""A real Prometheus (Debian's package) scrapes a short run of the four services, then every
+dashboard query is evaluated over the run as Grafana would: none may come back empty.
+
+The scrape configuration mirrors the chart's ServiceMonitor: one target per service, each series
+labelled with its `component`. The run: 2 stages x 2 steps (T = 12, then 24) of a tiny model
+taught in a few seconds to answer "Add a+b" with a boxed guess, right about a fifth of the time, so
+that groups carry signal and the learner trains (an untrained model's groups are all wrong, and
+all-zero-advantage groups are rejected: no policy-loss figures would exist).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+import yaml
+
+from magic.demo import task
+from magic.local.redis_server import RedisServer, free_port
+from magic.local.supervisor import Supervisor
+
+from .conftest import dashboard_queries
+
+pytestmark = [pytest.mark.deploy, pytest.mark.e2e]
+
+SCRAPE_SECONDS = 1
+RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"  # Grafana's $__rate_interval: max(4 x scrape interval, step + scrape interval)
+STAGES = [{"name": "short", "steps": 2, "T": 12, "D_R": 4, "gs": 4, "lr": 1e-3}, {"name": "long", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "lr": 1e-3}]
+
+KNOWN_GAPS = {
+    "system/Sandbox outcomes/A": "no code prompts in this run, and the code sandbox (its own issue) does not report outcomes yet",
+}
+"""Dashboard queries expected to come back empty here, with the reason. Strict: once such a query
+returns data, the test fails so that the entry is removed."""
+
+
+def wait_for(predicate, timeout: float, what: str, sup: Supervisor | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sup is not None and (dead := sup.first_exit()) is not None:
+            raise AssertionError(f"{dead.name} died:\n{dead.log_tail()}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Prometheus:
+    def __init__(self, tmp, targets: dict[str, int]):
+        executable = shutil.which("prometheus")
+        assert executable, "Debian's prometheus package is not installed: `make test` installs it (apt-get install prometheus)"
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": "magic", "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": component}} for component, port in targets.items()]}
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = tmp / "prometheus.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [executable, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+
+    def ready(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        try:
+            return self.api.get("/-/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def targets_up(self) -> dict[str, str]:
+        active = self.api.get("/api/v1/targets").json()["data"]["activeTargets"]
+        return {t["labels"]["component"]: t["health"] for t in active}
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict]:
+        resp = self.api.get("/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": "1s"})
+        body = resp.json()
+        assert body["status"] == "success", f"{expr}: {body}"
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self.api.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def guessing_model(tmp_path_factory):
+    """(model dir, train.jsonl): a 27k-parameter model after 100 supervised steps on answer-only
+    demonstrations for two-term sums (about 20% correct at tau = 1)."""
+    from transformers.utils import logging as hf_logging
+
+    from magic.demo.prepare import build_model
+    from magic.demo.sft import SFTConfig, train
+
+    hf_logging.disable_progress_bar()
+    out = tmp_path_factory.mktemp("guessing-model")
+    model, tokenizer = build_model(out, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    rng = random.Random(0)
+    problems = [[rng.randint(1, 4), rng.randint(1, 4)] for _ in range(2000)]
+    train(model, tokenizer, problems, SFTConfig(steps=100, batch_size=32, micro_batches=1, warmup_steps=10, lr=1e-2, answer_only_fraction=1.0))
+    model.save_pretrained(str(out))
+    data = out / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(problems[:200])])
+    return out, data
+
+
+@pytest.fixture(scope="module")
+def scraped_run(tmp_path_factory, guessing_model):
+    """Runs the services under Prometheus' scrape; yields `query(expr) -> result` over the run."""
+    tmp = tmp_path_factory.mktemp("prometheus")
+    server = RedisServer().start()
+    ports = {c: free_port() for c in ("controller", "rollout", "reward", "learner")}
+    sup = Supervisor(tmp / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1"})
+    prometheus = None
+    try:
+        prometheus = Prometheus(tmp, ports)
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"])})
+        for component in ("rollout", "reward", "learner"):
+            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component])})
+        wait_for(prometheus.ready, 60, "Prometheus to start")
+        wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 4, 120, "every service to be scraped", sup)
+
+        model, data = guessing_model
+        api = httpx.Client(base_url=f"http://127.0.0.1:{ports['controller']}", timeout=30)
+        start = time.time()
+        resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
+        assert resp.status_code == 201, resp.text
+        status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
+        assert status["status"] == "finished", status.get("error")
+        time.sleep(4 * SCRAPE_SECONDS)  # the last step's figures are scraped
+        end = time.time()
+        api.close()
+        yield lambda expr: prometheus.query_range(expr, start, end)
+    finally:
+        sup.stop_all()
+        if prometheus is not None:
+            prometheus.stop()
+        server.stop()
+
+
+def finite_values(result: list[dict]) -> list[float]:
+    return [float(v) for series in result for _, v in series["values"] if math.isfinite(float(v))]
+
+
+QUERIES = dashboard_queries()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [pytest.param(q, marks=pytest.mark.xfail(reason=KNOWN_GAPS[q.id], strict=True)) if q.id in KNOWN_GAPS else q for q in QUERIES],
+    ids=[q.id for q in QUERIES],
+)
+def test_dashboard_query_returns_data(scraped_run, query):
+    result = scraped_run(query.resolved(RATE_INTERVAL))
+    assert result, f"{query.id}: no series for {query.resolved(RATE_INTERVAL)}"
+    assert finite_values(result), f"{query.id}: only NaN/Inf values"
+
+
+def test_known_gaps_name_real_queries():
+    assert set(KNOWN_GAPS) <= {q.id for q in QUERIES}
+
+
+# The values behind the panels, for the figures whose expected value this run determines.
+
+
+def values(scraped_run, expr: str) -> list[float]:
+    return finite_values(scraped_run(expr))
+
+
+def test_progress_figures_follow_the_plan(scraped_run):
+    # (before the driver sets them, unlabelled gauges read 0)
+    assert {12, 24} <= set(values(scraped_run, 'max(magic_context_length{component="controller"})')) <= {0, 12, 24}
+    assert set(values(scraped_run, 'max(magic_stage{component="controller"})')) == {0, 1}
+    assert max(values(scraped_run, 'max(magic_policy_version{component="controller"})')) == 4
+    assert max(values(scraped_run, 'max(magic_learner_step{component="learner"})')) == 3
+    phases = scraped_run('max by (phase) (magic_step_seconds{component="controller"})')
+    assert {s["metric"]["phase"] for s in phases} == {"rollout", "train", "weight_sync", "other"}
+
+
+def test_training_figures_are_in_range(scraped_run):
+    entropy = values(scraped_run, 'max(magic_policy_entropy{component="learner"})')
+    assert max(entropy) > 0  # an untrained model's entropy is far from 0
+    for expr in ('max(magic_response_clip_ratio{component="learner"})', 'max by (subset) (magic_accuracy{component="learner"})'):
+        assert all(0 <= v <= 1 for v in values(scraped_run, expr))
+    assert max(values(scraped_run, 'max(magic_response_length_tokens{component="learner"})')) <= 24
+    assert max(values(scraped_run, 'max(magic_grad_norm{component="learner"})')) > 0
+    assert max(values(scraped_run, 'max(magic_accuracy{component="learner",subset="all"})')) > 0
+
+
+def test_system_figures_count_the_workers_and_streams(scraped_run):
+    live = {s["metric"]["service"]: finite_values([s]) for s in scraped_run('max by (service) (magic_live_workers{component="controller"})')}
+    assert {k: max(v) for k, v in live.items()} == {"rollout": 1, "reward": 1, "learner": 1}
+    lengths = {s["metric"]["stream"]: max(finite_values([s])) for s in scraped_run('max by (stream) (magic_stream_length{component="controller"})')}
+    assert lengths["prompts"] in (12, 16) and lengths["dead"] == 0  # D_R = 4 groups per step; sampled at most once a second
+    assert max(values(scraped_run, 'sum(magic_rollout_tokens_total{component="rollout"})')) > 0
+
+
+@pytest.mark.xfail(strict=True, reason="adaptive entropy control (its own issue) does not report entropy_target/entropy_coef yet: the gauges stay at 0")
+def test_entropy_target_is_the_stage_target(scraped_run):
+    assert set(values(scraped_run, 'max(magic_entropy_target{component="learner"})')) == {0.2}  # the stages' default tgt_ent
