@@ -29,6 +29,7 @@ import redis
 from google.protobuf.message import Message
 
 from magic.common import codec
+from magic.common.metrics import DEAD_LETTERS
 from magic.common.pb import messages_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ class ConsumerGroup:
         pipe.xadd(self.dead_stream, codec.encode(letter))
         pipe.xack(self.stream, self.group, entry.id)
         pipe.execute()
+        DEAD_LETTERS.labels(stream=self.stream.rsplit(":", 1)[-1]).inc()
         log.error("dead-lettered %s %s: %s", self.stream, entry.id, reason)
 
     def decode(self, entry: Entry, cls: type[M]) -> M | None:

@@ -14,7 +14,6 @@ import abc
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 
 import redis
@@ -67,7 +66,17 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[redis.Redis
     r.ping()
     worker: Worker | None = None
     run_id: str | None = None
-    ready = threading.Event()
+    attaching = threading.Event()
+
+    def ready() -> bool:
+        """Ready = Redis answers and we are not busy attaching (loading a model); an idle worker
+        with no active run is ready to take one."""
+        if attaching.is_set():
+            return False
+        try:
+            return bool(r.ping())
+        except redis.RedisError:
+            return False
 
     def status() -> dict:
         return {"run": run_id, **(worker.status() if worker else {})}
@@ -75,7 +84,7 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[redis.Redis
     heartbeat = Heartbeat(r, service, settings.worker_name, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds, status).start()
     declare_service(service)
     if settings.metrics_port is not None:
-        serve_http(settings.metrics_port, ready.is_set)
+        serve_http(settings.metrics_port, ready)
     log.info("%s %s up (redis %s)", service, settings.worker_name, settings.redis_url)
     try:
         while not stop.is_set():
@@ -84,15 +93,17 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[redis.Redis
                 log.info("run %s ended; detaching", run_id)
                 worker.close()
                 worker, run_id = None, None
-                ready.clear()
             if current is None:
                 stop.wait(0.5)
                 continue
             if worker is None:
                 run_id = current
                 log.info("attaching to run %s", run_id)
-                worker = attach(r, run_id)
-                ready.set()
+                attaching.set()
+                try:
+                    worker = attach(r, run_id)
+                finally:
+                    attaching.clear()
             worker.poll()
     finally:
         if worker is not None:
@@ -100,7 +111,3 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[redis.Redis
         heartbeat.stop()
         log.info("%s %s stopped", service, settings.worker_name)
     return 0
-
-
-def backoff_sleep(stop_at: float, interval: float = 0.1) -> None:
-    time.sleep(min(interval, max(0.0, stop_at - time.time())))

@@ -77,10 +77,17 @@ def test_alive_consumers_keep_their_entries(r):
 
 
 def test_a_poison_entry_goes_to_the_dead_letter_stream_with_its_reason(r):
+    from prometheus_client import REGISTRY
+
+    def dead_count():
+        return REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "prompts"}) or 0.0
+
+    before = dead_count()
     r.xadd(K.prompts, {b"type": b"PromptGroup", b"pb": b"\xff\xff\xff"})
     g = group(r, "c")
     entry = g.read(block_ms=100)[0]
     assert g.decode(entry, pb.PromptGroup) is None
+    assert dead_count() == before + 1
     assert g.pending_count() == 0
     (_, fields), = r.xrange(K.dead)
     letter = codec.decode(fields, pb.DeadLetter)
