@@ -142,6 +142,9 @@ class SandboxSettings(BaseModel):
     """Wall-clock limit of all tests of one response together."""
     memory_mb: int = Field(default=1024, ge=64)
     """Address-space limit of each process of the program (RLIMIT_AS)."""
+    total_memory_mb: int = Field(default=2048, ge=64)
+    """Resident memory of all the program's processes together; the test is killed past it
+    (checked every 50 ms)."""
     processes: int = Field(default=32, ge=1, le=4096)
     """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
     file_mb: int = Field(default=64, ge=1)

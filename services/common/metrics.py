@@ -92,7 +92,7 @@ REWARD_PENALTIES = Counter("magic_reward_penalties", "Responses given a nonzero 
 REWARD_INFLIGHT = Gauge("magic_reward_inflight", "Responses being verified now", ["kind"])
 SANDBOX_KILLS = Counter(
     "magic_sandbox_kills",
-    "Processes the sandbox killed: reason=test_timeout (a test over its limit), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
+    "Processes the sandbox killed: reason=test_timeout (a test over its limit), memory_limit (all its processes together), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
     ["reason"],
 )
 DEAD_LETTERS = Counter("magic_dead_letters", "Stream entries moved to the dead-letter stream", ["stream"])

@@ -76,6 +76,8 @@ def _failure(run: TestRun, limit: float) -> str | None:
         return f"time limit exceeded ({limit:g}s)"
     if run.status == "output_limit":
         return "output limit exceeded"
+    if run.status == "memory_limit":
+        return "memory limit exceeded (all processes together)"
     if run.status == "crashed":
         last = run.stderr.strip().splitlines()[-1:] or [""]
         if run.signal is not None:

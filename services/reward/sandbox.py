@@ -18,7 +18,7 @@ reward image — or has CAP_SETUID/CAP_SETGID):
   helper is a child subreaper, so every orphan is reaped;
 * *resources* — per process: address space (``memory_mb``), CPU seconds (the test's time limit
   plus one), file size (``file_mb``), open files, no core dumps; per test: wall-clock time,
-  bytes of output;
+  bytes of output, resident memory of all its processes together (``total_memory_mb``);
 * *network* — none: the slot lives in a fresh network namespace without interfaces up (the
   service needs CAP_SYS_ADMIN for this; otherwise use a NetworkPolicy for the reward pod);
 * *files* — the working directory, /tmp, /var/tmp and /dev/shm are the slot's own tmpfs of
@@ -30,9 +30,11 @@ reward image — or has CAP_SETUID/CAP_SETGID):
 **Not isolated**: files readable by everyone stay readable (the Python installation, the
 system's configuration, anything world-readable on the shared volume); the kernel is shared
 (no seccomp filter, no gVisor): a kernel exploit escapes; CPU caches and memory bandwidth are
-shared, so timings are noisy under load; the total memory of a program is bounded only by
-``processes`` x ``memory_mb`` (no memory cgroup); within one test the program shares its
-process with the test code of assert-based tests (see `code_tests`).
+shared, so timings are noisy under load; the program's total memory is watched, not capped:
+the helper sums the resident memory of the slot's processes every 50 ms and kills the test past
+``total_memory_mb``, so a burst faster than that can reach ``processes`` x ``memory_mb``
+(no memory cgroup); within one test the program shares its process with the test code of
+assert-based tests (see `code_tests`).
 
 With ``isolation="session"`` (the service is not root and cannot change uid) programs run as the
 service's own user in their own session: RLIMIT_NPROC then counts all the user's processes, a
@@ -97,7 +99,7 @@ class TestRun:
     """What one test of a program did. The program's output is data, compared by the caller."""
 
     index: int
-    status: str  # "ok" (ran to its end), "timeout", "output_limit", "crashed" (signal or exit != 0)
+    status: str  # "ok" (ran to its end), "timeout", "output_limit", "memory_limit", "crashed" (signal or exit != 0)
     stdout: str = ""  # stdin_stdout tests
     report: str = ""  # call / assert tests: JSON lines the program's harness reported
     stderr: str = ""  # the tail, for details
@@ -375,6 +377,7 @@ class Sandbox:
             "open_files": s.open_files,
             "processes": s.processes,
             "max_output_bytes": int(s.max_output_mb * 1024 * 1024),
+            "total_memory_bytes": s.total_memory_mb * 1024 * 1024,
         }
         job = {
             "op": "job",
@@ -422,8 +425,8 @@ class Sandbox:
                 leftovers=int(reply.get("leftovers", 0)),
             )
             result.tests.append(run)
-            if run.status == "timeout":
-                self.on_kill("test_timeout", 1)
+            if run.status in ("timeout", "memory_limit"):
+                self.on_kill(run.status if run.status == "memory_limit" else "test_timeout", 1)
             if run.leftovers:
                 result.killed += run.leftovers
                 self.on_kill("leftover_processes", run.leftovers)

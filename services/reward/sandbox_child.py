@@ -348,18 +348,36 @@ def _start_grandchild(job: dict, test: dict, limits: dict, uid, gid, stdin_path:
     return pid, out_r, err_r, rep_r
 
 
-def _collect(pid: int, fds: dict[str, int], timeout: float, max_bytes: int) -> dict:
-    """Read the grandchild's pipes until it exits, the time runs out or the output overflows."""
+MEMORY_CHECK_SECONDS = 0.05
+
+
+def _collect(pid: int, fds: dict[str, int], limits: dict, owner) -> dict:
+    """Read the grandchild's pipes until it exits, the time runs out, the output overflows or its
+    processes together hold more than `limits["total_memory_bytes"]` of resident memory."""
     bufs = {name: bytearray() for name in fds}
     open_fds = {fd: name for name, fd in fds.items()}
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limits["test_timeout"]
+    max_bytes, max_rss = limits["max_output_bytes"], limits["total_memory_bytes"]
+    next_check = time.monotonic() + MEMORY_CHECK_SECONDS
     status = "ok"
-    while open_fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
+    while status == "ok":
+        now = time.monotonic()
+        if now >= deadline:
             status = "timeout"
             break
-        ready, _, _ = select.select(list(open_fds), [], [], left)
+        if now >= next_check:
+            next_check = now + MEMORY_CHECK_SECONDS
+            if resident_bytes(owner) > max_rss:
+                status = "memory_limit"
+                break
+        if not open_fds:
+            done, wstatus = os.waitpid(pid, os.WNOHANG)  # output closed: wait for the exit
+            if done:
+                exit_code, sig = _decode_status(wstatus)
+                return {"status": status, "bufs": bufs, "exit": exit_code, "signal": sig, "pid_done": True}
+            time.sleep(0.0005)
+            continue
+        ready, _, _ = select.select(list(open_fds), [], [], min(deadline, next_check) - now)
         for fd in ready:
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -368,32 +386,37 @@ def _collect(pid: int, fds: dict[str, int], timeout: float, max_bytes: int) -> d
                 continue
             name = open_fds[fd]
             buf = bufs[name]
-            room = (max_bytes if name != "stderr" else 65536) - len(buf)
             if name == "stderr":  # keep the tail
                 buf += chunk
                 del buf[: max(0, len(buf) - 4096)]
-            elif len(chunk) > room:
-                buf += chunk[: max(room, 0)]
+            elif len(buf) + len(chunk) > max_bytes:
+                buf += chunk[: max(max_bytes - len(buf), 0)]
                 status = "output_limit"
             else:
                 buf += chunk
-        if status == "output_limit":
-            break
     for fd in open_fds:
         os.close(fd)
-    exit_code = sig = None
-    if status == "ok":
-        # output closed: wait for the exit, within what is left of the time
-        while True:
-            done, wstatus = os.waitpid(pid, os.WNOHANG)
-            if done:
-                exit_code, sig = _decode_status(wstatus)
-                break
-            if time.monotonic() > deadline:
-                status = "timeout"
-                break
-            time.sleep(0.0005)
-    return {"status": status, "bufs": bufs, "exit": exit_code, "signal": sig, "pid_done": exit_code is not None or sig is not None}
+    return {"status": status, "bufs": bufs, "exit": None, "signal": None, "pid_done": False}
+
+
+def resident_bytes(owner: tuple[str, int]) -> int:
+    """Resident memory of every process of a uid (``("uid", n)``) or session (``("sid", n)``)."""
+    kind, ident = owner
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if kind == "uid" and os.stat(f"/proc/{name}").st_uid != ident:
+                continue
+            if kind == "sid" and os.getsid(int(name)) != ident:
+                continue
+            with open(f"/proc/{name}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _decode_status(wstatus: int) -> tuple[int | None, int | None]:
@@ -537,7 +560,7 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
         fds["stdout"] = out_r
     else:
         os.close(out_r)
-    got = _collect(pid, fds, job["limits"]["test_timeout"], job["limits"]["max_output_bytes"])
+    got = _collect(pid, fds, job["limits"], ("uid", uid) if uid is not None else ("sid", pid))
     seconds = time.monotonic() - t0
     if not got["pid_done"]:
         os.kill(pid, signal.SIGKILL)

@@ -32,6 +32,8 @@ from magic.reward.verdict import Status, Verdict
 
 log = logging.getLogger(__name__)
 
+SLOW_SECONDS = 2.0
+"""Verifications slower than this are logged."""
 PB_VERDICT = {
     Status.correct: pb.VERDICT_CORRECT,
     Status.wrong: pb.VERDICT_WRONG,
@@ -136,6 +138,8 @@ class Scorer:
             if value:
                 REWARD_PENALTIES.labels(name=name).inc()
         REWARD_LATENCY.labels(kind=kind).observe(v.seconds)
+        if v.seconds > SLOW_SECONDS:
+            log.warning("slow %s verification: %.1fs, %s (%s)", kind, v.seconds, v.status.value, v.details[:120])
         REWARD_VERDICTS.labels(kind=kind, verdict=v.status.value).inc()
         if kind == "code" and v.status is Status.wrong and "time limit" in v.details:
             REWARD_TIMEOUTS.labels(kind="code").inc()

@@ -34,7 +34,7 @@ SOLVES = "a, b = map(int, input().split())\nprint(a + b)\n"
 def sandbox():
     settings = SandboxSettings(
         slots=1, root="/tmp/magic-sandbox-test", uid_base=62050, test_timeout_seconds=2, total_timeout_seconds=30,
-        memory_mb=256, processes=8, file_mb=4, disk_mb=16, max_output_mb=1,
+        memory_mb=256, total_memory_mb=512, processes=8, file_mb=4, disk_mb=16, max_output_mb=1,
     )
     with Sandbox(settings) as sb:
         yield sb
@@ -69,6 +69,10 @@ def healthy_afterwards(sandbox, verifier):
 FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
 THREAD_BOMB = "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,)).start()"
 MEMORY_HOG = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))"
+MEMORY_HOG_PROCESSES = (
+    "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        break\n"
+    "x = b'x' * (200 * 1024 * 1024)\ntime.sleep(30)"
+)
 INFINITE_LOOP = "while True:\n    pass"
 SLEEP = "import time\ntime.sleep(3600)"
 OUTPUT_FLOOD = "while True:\n    print('x' * 100000)"
@@ -87,6 +91,7 @@ KILL_PARENT = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint(3
         ("fork bomb", FORK_BOMB, "time limit"),
         ("thread bomb", THREAD_BOMB, ""),
         ("memory hog", MEMORY_HOG, "MemoryError"),
+        ("memory hog in several processes", MEMORY_HOG_PROCESSES, "memory limit exceeded"),
         ("infinite loop", INFINITE_LOOP, "time limit"),
         ("sleep", SLEEP, "time limit"),
         ("output flood", OUTPUT_FLOOD, "output limit"),
