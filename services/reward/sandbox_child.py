@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import builtins
 import ctypes
-import errno
 import json
 import os
 import resource

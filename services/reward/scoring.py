@@ -116,8 +116,9 @@ class Scorer:
                 return kind, self.code_verifier().verify(sample.response, sample.ground_truth)
             return kind, self._verify_math(sample)
         except Exception as exc:  # noqa: BLE001 — a verifier failure is this sample's verdict
+            # (math runs in worker processes, so this is never a sympy object's message)
             log.exception("verifying a %s sample failed", kind)
-            return kind, Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}")
+            return kind, Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")
         finally:
             REWARD_INFLIGHT.labels(kind=kind).dec()
 

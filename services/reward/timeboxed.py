@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import queue
 import resource

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
 import pytest
 
@@ -103,7 +102,7 @@ def human_eval_truth(p: dict) -> str:
     return gt(type="assert", tests=[p["test"]], entry_point=p["entry_point"])
 
 
-def break_solution(p: dict, rng: random.Random) -> str:
+def break_solution(p: dict) -> str:
     """A deliberately broken variant of the canonical solution: its return values are perturbed."""
     body = p["canonical_solution"]
     wrapper = (
@@ -138,11 +137,9 @@ def test_all_164_human_eval_canonical_solutions_pass(verifier):
 
 
 def test_broken_human_eval_variants_fail(verifier):
-    rng = random.Random(0)
     problems = human_eval_problems()
-    sample = problems
-    verdicts = run_all(verifier, [(fenced(break_solution(p, rng)), human_eval_truth(p)) for p in sample])
-    passed = [p["task_id"] for p, v in zip(sample, verdicts) if v.correct]
+    verdicts = run_all(verifier, [(fenced(break_solution(p)), human_eval_truth(p)) for p in problems])
+    passed = [p["task_id"] for p, v in zip(problems, verdicts) if v.correct]
     assert passed == []
     assert all(v.status is Status.wrong for v in verdicts)
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from magic.common import codec, keys
+from magic.common import keys
 from magic.common.bus import Stream
 from magic.common.config import MathRewardSettings, PenaltySettings, RewardSettings, SandboxSettings
 from magic.common.metrics import serve_http
