@@ -175,9 +175,110 @@ class RolloutSettings(ServiceSettings):
     """How new weights reach this worker; must match the learner's."""
 
 
+def _cpu_count() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+class MathRewardSettings(BaseModel):
+    """The math verifier (`magic.reward.math_verifier`). Env: ``MAGIC_MATH__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verifier: str = "magic"
+    """Registered verifier: "magic" (default) or "skywork-or1" (the paper's plain procedure)."""
+    timeout_seconds: float = Field(default=5.0, gt=0, le=600)
+    """Hard wall-clock bound on verifying one response; past it the worker process is killed
+    and the verdict is `timeout` (reward 0)."""
+    workers: int = Field(default_factory=_cpu_count, ge=1, le=256)
+    """Verifier processes: how many responses are verified at once."""
+    memory_mb: int = Field(default=2048, ge=256)
+    """Address-space limit of each verifier process (a huge number cannot exhaust the pod)."""
+
+
+class SandboxSettings(BaseModel):
+    """The code sandbox (`magic.reward.sandbox`). Env: ``MAGIC_SANDBOX__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: int = Field(default_factory=_cpu_count, ge=1, le=256)
+    """Programs run at once; each slot has its own uid, working directory and helper process."""
+    isolation: Literal["auto", "uid", "session"] = "auto"
+    """"uid" runs each slot's programs as a dedicated unprivileged user (needs root or
+    CAP_SETUID/CAP_SETGID); "session" only puts them in their own session (weaker: see the
+    README); "auto" picks "uid" when the service runs as root."""
+    uid_base: int = Field(default=61000, ge=1000, le=2**31 - 2)
+    """First uid (and gid) of the range the slots' users come from; no other process may use it."""
+    uid_count: int = Field(default=256, ge=1, le=65536)
+    """Size of that range; slots of several reward processes on one host share it through lock files."""
+    root: Path = Path("/tmp/magic-sandbox")
+    """Directory for lock files and per-slot working directories (created root-owned, mode 0711)."""
+    namespaces: bool = True
+    """When running as root: give each slot its own network (nothing reachable), mount (private
+    /tmp, hidden secrets) and IPC namespace."""
+    hidden_paths: list[str] = Field(default_factory=lambda: ["/var/run/secrets", "/run/secrets", "/root", "/home"])
+    """Directories replaced by an empty read-only tmpfs inside the sandbox (mount namespace only)."""
+    private_tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"])
+    """World-writable directories replaced by the slot's private scratch space (mount namespace only)."""
+    test_timeout_seconds: float = Field(default=6.0, gt=0, le=600)
+    """Wall-clock limit of one test (LiveCodeBench and Skywork-OR1 use 6 s); a test's own
+    `time_limit_seconds` in the ground truth overrides it."""
+    total_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Wall-clock limit of all tests of one response together."""
+    memory_mb: int = Field(default=1024, ge=64)
+    """Address-space limit of each process of the program (RLIMIT_AS)."""
+    total_memory_mb: int = Field(default=2048, ge=64)
+    """Resident memory of all the program's processes together; the test is killed past it
+    (checked every 50 ms)."""
+    processes: int = Field(default=32, ge=1, le=4096)
+    """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
+    file_mb: int = Field(default=64, ge=1)
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    disk_mb: int = Field(default=128, ge=1)
+    """Size of the slot's private scratch space (a tmpfs; mount namespace only)."""
+    open_files: int = Field(default=256, ge=16, le=65536)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    max_output_mb: float = Field(default=8.0, gt=0, le=1024)
+    """Output (stdout, or reported values) kept per test; a test that writes more fails."""
+
+
+class PenaltySettings(BaseModel):
+    """Optional reward penalties (`magic.reward.penalties`), each reported separately from
+    correctness. Env: ``MAGIC_PENALTIES__<FIELD>``. All are off by default, as in Skywork-OR1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repetition_max: float = Field(default=0.0, ge=0, le=10)
+    """Largest repetition penalty (subtracted from the reward); 0 disables it."""
+    repetition_ngram: int = Field(default=3, ge=1, le=64)
+    """Size of the word n-grams counted for repetition."""
+    overlong_buffer_tokens: int = Field(default=0, ge=0)
+    """Soft overlong punishment (DAPO): the last this many tokens before the context length T
+    cost up to `overlong_max`, linearly; 0 disables it."""
+    overlong_max: float = Field(default=1.0, ge=0, le=10)
+    """Penalty of a response that reaches T (and of a truncated one)."""
+
+
 class RewardSettings(ServiceSettings):
-    verify_timeout_seconds: float = Field(default=5.0, gt=0)
-    """Wall-clock bound on verifying one response."""
+    """The reward service. Nested groups are set with a double underscore:
+    ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_SANDBOX__MEMORY_MB=2048``."""
+
+    model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
+
+    math: MathRewardSettings = Field(default_factory=MathRewardSettings)
+    """The math verifier."""
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    """The code sandbox."""
+    penalties: PenaltySettings = Field(default_factory=PenaltySettings)
+    """Optional penalties."""
+    code_data_sources: list[str] = Field(
+        default_factory=lambda: ["code", "code/*", "*livecodebench*", "*humaneval*", "*mbpp*", "*taco*", "*apps*", "*codecontests*", "*leetcode*", "*code-*", "*-code*"]
+    )
+    """`data_source` patterns (fnmatch, case-insensitive) judged by the code sandbox; every other
+    data source is judged as a math answer."""
+    max_request_samples: int = Field(default=1024, ge=1)
+    """Most samples one POST /v1/score request may carry."""
+    read_groups: int = Field(default=8, ge=1, le=1024)
+    """Rollout groups taken from the stream at once; their samples are scored concurrently."""
 
 
 class LearnerSettings(ServiceSettings):

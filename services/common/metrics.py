@@ -98,6 +98,16 @@ REWARD_LATENCY = Histogram(
     "magic_reward_latency_seconds", "Time to score one response", ["kind"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
 )
 REWARD_VERDICTS = Counter("magic_reward_verdicts", "Scored responses by verdict", ["kind", "verdict"])
+REWARD_TIMEOUTS = Counter(
+    "magic_reward_timeouts", "Responses that hit a time limit: kind=math (verifier killed at its bound), kind=code (a test's or the total time limit)", ["kind"]
+)
+REWARD_PENALTIES = Counter("magic_reward_penalties", "Responses given a nonzero penalty, by penalty", ["name"])
+REWARD_INFLIGHT = Gauge("magic_reward_inflight", "Responses being verified now", ["kind"])
+SANDBOX_KILLS = Counter(
+    "magic_sandbox_kills",
+    "Processes the sandbox killed: reason=test_timeout (a test over its limit), memory_limit (all its processes together), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
+    ["reason"],
+)
 DEAD_LETTERS = Counter("magic_dead_letters", "Stream entries moved to the dead-letter stream", ["stream"])
 ERRORS = Counter("magic_errors", "Errors a worker recovered from", ["service"])
 
@@ -111,9 +121,21 @@ def declare_service(service: str) -> None:
 # -- the HTTP endpoint ------------------------------------------------------------------------
 
 
-def serve_http(port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /metrics, /livez and /readyz on `port` from a daemon thread; returns the server
-    (its `server_address` has the real port when `port` is 0)."""
+PostHandler = Callable[[bytes], tuple[int, bytes, str]]
+"""A POST route: request body -> (status, response body, content type)."""
+
+
+def serve_http(
+    port: int,
+    ready: Callable[[], bool],
+    host: str = "0.0.0.0",
+    post_routes: dict[str, PostHandler] | None = None,
+    max_body_bytes: int = 64 * 1024 * 1024,
+) -> ThreadingHTTPServer:
+    """Serve /metrics, /livez and /readyz — and any `post_routes` (the reward service's
+    POST /v1/score) — on `port` from a daemon thread; returns the server (its
+    `server_address` has the real port when `port` is 0)."""
+    routes = dict(post_routes or {})
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
@@ -126,6 +148,22 @@ def serve_http(port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> T
                 body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")
             else:
                 body, status, ctype = b"not found\n", 404, "text/plain"
+            self._reply(status, body, ctype)
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server API)
+            handler = routes.get(self.path.split("?", 1)[0])
+            if handler is None:
+                return self._reply(404, b"not found\n", "text/plain")
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                return self._reply(411, b"a Content-Length header is required\n", "text/plain")
+            if int(length) > max_body_bytes:
+                self.close_connection = True
+                return self._reply(413, f"request body over {max_body_bytes} bytes\n".encode(), "text/plain")
+            status, body, ctype = handler(self.rfile.read(int(length)))
+            self._reply(status, body, ctype)
+
+        def _reply(self, status: int, body: bytes, ctype: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from magic.common.config import RewardSettings
 from magic.controller.datasets import PromptRecord
 from magic.common.pb import messages_pb2 as pb
-from magic.reward.worker import score_sample
+from magic.reward.scoring import Sample, Scorer
 from magic.rollout.engine import GenerationRequest, RolloutEngine
 
 
@@ -41,12 +42,12 @@ def evaluate(
         for i, rec in enumerate(records)
     ]
     results, _ = engine.generate(requests)
-    correct = truncated = length = n = 0
-    for rec, samples in zip(records, results):
-        for s in samples:
-            score = score_sample(rec.data_source, s.text, rec.ground_truth, timeout_seconds=5)
-            correct += score.correctness
-            truncated += s.finish_reason == pb.FINISH_REASON_LENGTH
-            length += len(s.token_ids)
-            n += 1
+    generated = [(rec, s) for rec, samples in zip(records, results) for s in samples]
+    problem = lambda rec: next((c for r, c in reversed(rec.messages) if r == "user"), "")  # noqa: E731
+    with Scorer(RewardSettings()) as scorer:
+        scores = scorer.score_many([Sample(rec.data_source, s.text, rec.ground_truth, problem(rec)) for rec, s in generated])
+    n = len(generated)
+    correct = sum(score.correctness for score in scores)
+    truncated = sum(s.finish_reason == pb.FINISH_REASON_LENGTH for _, s in generated)
+    length = sum(len(s.token_ids) for _, s in generated)
     return EvalResult(correct / n, truncated / n, length / n, n)

@@ -1,82 +1,117 @@
-"""Math answers: the Skywork-OR1 procedure (§7) on top of Math-Verify.
+"""Math answers: the Skywork-OR1 procedure (§7) and MAGIC's stricter, broader version of it.
 
-1. Take the final answer after the reasoning: the text after `</think>` if present, and in it
-   the last `\\boxed{...}`.
-2. If it matches the gold answer as a string (after trimming), it is correct.
-3. Otherwise parse both with Math-Verify (the gold wrapped in `\\boxed{}`) and ask whether they
-   are mathematically equivalent.
+Two verifiers, registered by name (`VERIFIERS`); both have the signature
 
-Math-Verify's own timeouts use SIGALRM, which works only in the main thread; the reward worker
-calls this from its main thread.
+    verifier(response: str, gold: str, problem: str = "") -> MathVerdict
+
+* ``"skywork-or1"`` — the paper's procedure exactly as Skywork-OR1 released it: take the text
+  after ``</think>``, parse it with Math-Verify (its default extraction), return correct if the
+  parsed string equals the gold, else run Math-Verify's `verify` against the gold wrapped in
+  ``\\boxed{}``. Kept as the baseline the README's corpus figures compare against.
+* ``"magic"`` (the default) — the same steps (answer after the reasoning; direct string match
+  first; then equivalence with the gold read as a boxed answer), with MAGIC's extraction
+  (`magic.reward.math_extract`) and comparison (`magic.reward.math_equiv`): it accepts the
+  equivalent forms the plain procedure misses (units, degrees, percentages, intervals written
+  as inequalities, sets in any order, multiple-choice letters vs option text, mixed numbers)
+  and rejects what it wrongly accepts (``1/2^99`` for ``1/2^98``, ``10 m`` for ``10 cm``,
+  ``x^2-4=0`` for ``0``, one of several answers).
+
+Neither bounds its own running time: sympy can run for minutes on hostile input, and
+Math-Verify's timeouts use SIGALRM, which works only in a main thread. Callers run these
+functions through `magic.reward.timeboxed.TimeboxedPool`, which enforces a hard wall-clock bound
+per response from any thread by killing the worker process that overruns.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from magic.common.pb import messages_pb2 as pb
+from magic.reward.verdict import Status, Verdict
 
-
-@dataclass
-class MathVerdict:
-    verdict: int  # pb.Verdict value
-    answer: str
-    seconds: float
-
-    @property
-    def correct(self) -> bool:
-        return self.verdict == pb.VERDICT_CORRECT
+MathVerdict = Verdict
+"""A math verifier's verdict (the shared `Verdict`)."""
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text`, braces balanced; None if there is none.
+MathVerifier = Callable[..., MathVerdict]
+VERIFIERS: dict[str, MathVerifier] = {}
 
-    >>> last_boxed(r"so \\boxed{\\frac{1}{2}} and finally \\boxed{3}")
-    '3'
-    >>> last_boxed(r"\\boxed{\\frac{1}{2}}")
-    '\\\\frac{1}{2}'
-    >>> last_boxed("no answer") is None
-    True
+
+def register(name: str) -> Callable[[MathVerifier], MathVerifier]:
+    """Register a math verifier under `name`; registering a name twice is an error."""
+
+    def deco(fn: MathVerifier) -> MathVerifier:
+        if name in VERIFIERS:
+            raise ValueError(f"math verifier {name!r} is already registered")
+        VERIFIERS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_verifier(name: str) -> MathVerifier:
+    try:
+        return VERIFIERS[name]
+    except KeyError:
+        raise ValueError(f"unknown math verifier {name!r}; known: {sorted(VERIFIERS)}") from None
+
+
+MAX_ANSWER_CHARS = 1000
+"""Final answers longer than this are judged wrong without parsing them."""
+MAX_NESTING = 40
+"""Final answers nested deeper than this (brackets and braces) are judged wrong without parsing."""
+
+
+@register("magic")
+def verify_magic(response: str, gold: str, problem: str = "") -> MathVerdict:
+    """Judge `response` against the gold answer `gold`; `problem` supplies multiple-choice options.
+
+    >>> verify_magic("<think>2+2</think> So $\\\\boxed{4}$.", "4").status.value
+    'correct'
+    >>> verify_magic("The answer is \\\\boxed{10 \\\\text{ m}}", "10 \\\\text{ cm}").status.value
+    'wrong'
+    >>> verify_magic("<think>it is 4", "4").status.value
+    'no_answer'
     """
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
-
-
-def final_answer_region(response: str) -> str:
-    """The part of a response after the reasoning (after the last `</think>`, if any)."""
-    marker = "</think>"
-    pos = response.rfind(marker)
-    return response[pos + len(marker) :] if pos >= 0 else response
-
-
-def verify(response: str, ground_truth: str, timeout_seconds: int = 5) -> MathVerdict:
-    """Judge `response` against `ground_truth` following the paper's procedure."""
-    from math_verify import parse, verify as mv_verify
+    from magic.reward.math_equiv import equivalent
+    from magic.reward.math_extract import brace_depth, clean_latex, extract_answer, parse_choices
 
     t0 = time.perf_counter()
-    answer = last_boxed(final_answer_region(response))
+    answer = extract_answer(response)
     if answer is None:
-        return MathVerdict(pb.VERDICT_NO_ANSWER, "", time.perf_counter() - t0)
-    if answer.strip() == ground_truth.strip():
-        return MathVerdict(pb.VERDICT_CORRECT, answer, time.perf_counter() - t0)
+        return MathVerdict(Status.no_answer, "", "no final answer after the reasoning", time.perf_counter() - t0)
+    shown = answer[:200]
+    if len(answer) > MAX_ANSWER_CHARS or brace_depth(answer) > MAX_NESTING:
+        return MathVerdict(Status.wrong, shown, "answer too long or too deeply nested to be a final answer", time.perf_counter() - t0)
+    if clean_latex(answer) == clean_latex(gold):
+        return MathVerdict(Status.correct, shown, "same text as the gold", time.perf_counter() - t0)
+    judgement = equivalent(gold, answer, parse_choices(problem) if problem else None)
+    status = Status.correct if judgement.equal else Status.wrong
+    return MathVerdict(status, shown, judgement.reason, time.perf_counter() - t0)
+
+
+@register("skywork-or1")
+def verify_skywork(response: str, gold: str, problem: str = "") -> MathVerdict:
+    """The plain Skywork-OR1 procedure (their released `math_verify_reward_function`).
+
+    Math-Verify's own timeouts are left on (5 s, as released): this runs in a worker process's
+    main thread, where SIGALRM works.
+    """
+    from math_verify import parse, verify
+
+    t0 = time.perf_counter()
+    text = response.split("</think>")[1] if "</think>" in response else response
     try:
-        gold = parse("\\boxed{" + ground_truth + "}", parsing_timeout=timeout_seconds)
-        pred = parse("\\boxed{" + answer + "}", parsing_timeout=timeout_seconds)
-        ok = bool(gold) and bool(pred) and mv_verify(gold, pred, timeout_seconds=timeout_seconds)
-    except TimeoutError:
-        return MathVerdict(pb.VERDICT_TIMEOUT, answer, time.perf_counter() - t0)
-    except Exception:  # noqa: BLE001 — a verifier crash is a verdict, not a worker crash
-        return MathVerdict(pb.VERDICT_ERROR, answer, time.perf_counter() - t0)
-    return MathVerdict(pb.VERDICT_CORRECT if ok else pb.VERDICT_WRONG, answer, time.perf_counter() - t0)
+        parsed = parse(text, parsing_timeout=5)
+    except Exception as exc:  # noqa: BLE001 — as released: a parse failure scores 0
+        return MathVerdict(Status.error, "", f"parse failed: {type(exc).__name__}", time.perf_counter() - t0)
+    if len(parsed) < 2:
+        return MathVerdict(Status.no_answer, "", "Math-Verify found no answer", time.perf_counter() - t0)
+    shown = str(parsed[1])[:200]  # the extracted string, never a sympy object
+    if parsed[1] == gold:
+        return MathVerdict(Status.correct, shown, "string match", time.perf_counter() - t0)
+    try:
+        ok = verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=5), parsed, timeout_seconds=5)
+    except Exception as exc:  # noqa: BLE001
+        return MathVerdict(Status.error, shown, f"verify failed: {type(exc).__name__}", time.perf_counter() - t0)
+    return MathVerdict(Status.correct if ok else Status.wrong, shown, "Math-Verify", time.perf_counter() - t0)

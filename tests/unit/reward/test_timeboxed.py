@@ -1,0 +1,103 @@
+"""The hard wall-clock bound: calls from any thread, workers killed and replaced."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from magic.reward.timeboxed import TimeboxedPool
+
+
+def slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+def huge_power() -> int:
+    return 10 ** (10**10)  # one C call that no signal interrupts
+
+
+def fail() -> None:
+    raise KeyError("a message that must not travel")
+
+
+def die() -> None:
+    os._exit(3)
+
+
+def allocate(mb: int) -> int:
+    return len(bytearray(mb * 1024 * 1024))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with TimeboxedPool(workers=2, timeout=1.0, memory_mb=512) as p:
+        yield p
+
+
+def test_a_call_returns_its_value(pool):
+    r = pool.call(slow, 0.01)
+    assert r.status == "ok" and r.value == "done"
+
+
+def test_an_uninterruptible_call_is_killed_at_the_bound_from_a_non_main_thread(pool):
+    before = set(pool.pids())
+    out = {}
+
+    def call():
+        t0 = time.monotonic()
+        out["result"] = pool.call(huge_power)
+        out["elapsed"] = time.monotonic() - t0
+
+    t = threading.Thread(target=call)
+    t.start()
+    t.join(30)
+    assert out["result"].status == "timeout"
+    assert out["elapsed"] < 3.0
+    after = set(pool.pids())
+    assert len(after) == 2 and before != after  # the overrunning worker was replaced
+    assert pool.call(slow, 0).status == "ok"
+
+
+def test_concurrent_calls_are_bounded_each(pool):
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(pool.call(slow, 5))) for _ in range(3)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [r.status for r in results] == ["timeout"] * 3
+    assert time.monotonic() - t0 < 6  # two at once, then the third: about two bounds, not 15 s
+
+
+def test_exceptions_come_back_as_their_type_only(pool):
+    r = pool.call(fail)
+    assert r.status == "error" and r.error == "KeyError"
+
+
+def test_a_dying_worker_is_replaced(pool):
+    assert pool.call(die).status == "crashed"
+    assert pool.call(slow, 0).status == "ok"
+
+
+def test_workers_have_a_memory_limit(pool):
+    assert pool.call(allocate, 16).value == 16 * 1024 * 1024
+    r = pool.call(allocate, 2048)
+    assert r.status == "error" and r.error == "MemoryError"
+
+
+def test_close_stops_every_worker():
+    p = TimeboxedPool(workers=2, timeout=1.0)
+    assert p.call(slow, 0).status == "ok"
+    pids = p.pids()
+    p.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2] for pid in pids):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2] for pid in pids)
+    with pytest.raises(RuntimeError):
+        p.call(slow, 0)
