@@ -5,8 +5,8 @@ trusted program of the standard library only), which then drops privileges and a
 limits before the untrusted code is loaded. The reward process compares the output; the
 program only ever reports data, and never sees the expected output.
 
-**Isolated** (with ``isolation="uid"``, i.e. the service runs as root — the default in the
-reward image — or has CAP_SETUID/CAP_SETGID):
+**Isolated** (with ``isolation="uid"``, i.e. the service runs as root — as the Helm chart runs
+the reward pods by default, with only the capabilities this needs):
 
 * *identity* — each slot's programs run as a dedicated unprivileged uid/gid (``uid_base`` + k,
   no supplementary groups), claimed through a lock file, so nothing else runs as it. They cannot

@@ -106,6 +106,10 @@ def test_names_are_unique_and_valid(rendered, name):
 # -- what every value set guarantees ---------------------------------------------------------------
 
 
+SANDBOX_CAPABILITIES = ["SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"]
+"""What the reward container keeps to give every sandbox slot its own uid (reward.sandbox.isolation=uid)."""
+
+
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, name):
     docs = rendered[name]
@@ -113,12 +117,17 @@ def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, nam
         if component == "redis" and not objects(docs, "StatefulSet", f"{RELEASE}-magic-redis"):
             continue
         spec = pod_spec(docs, kind, component)
-        assert spec["securityContext"]["runAsNonRoot"] is True
+        sandbox_root = component == "reward" and value_set(name).get("reward", {}).get("sandbox", {}).get("isolation", "uid") == "uid"
+        if sandbox_root:  # the one exception: root without privileges beyond changing uid (next test)
+            assert spec["securityContext"]["runAsNonRoot"] is False and spec["securityContext"]["runAsUser"] == 0
+        else:
+            assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["automountServiceAccountToken"] is False
         for c in spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], (component, c["name"])
+            assert sc["capabilities"].get("add", []) == (SANDBOX_CAPABILITIES if sandbox_root else []), (component, c["name"])
             assert sc["readOnlyRootFilesystem"] is True, (component, c["name"])
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
             assert "/tmp" in mounts, (component, c["name"])
@@ -196,6 +205,7 @@ def test_default_values_run_vllm_on_one_gpu_per_pod_with_bundled_redis(rendered)
     assert gpus(vllm) == 1 and gpus(worker) == 0
     assert vllm["command"] == ["vllm", "serve"] and "--tensor-parallel-size=1" in vllm["args"]
     assert env(vllm)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--logprobs-mode=processed_logprobs" in vllm["args"]  # logprobs at the sampling temperature
     assert env(worker)["MAGIC_ENGINE"] == "vllm" and env(worker)["MAGIC_VLLM_URL"] == "http://127.0.0.1:8000"
     assert gpus(container(pod_spec(docs, "StatefulSet", "learner"), "learner")) == 1
     # Redis: persistent, append-only, password from the generated Secret
@@ -239,7 +249,9 @@ def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
     assert spec["runtimeClassName"] == "nvidia"
     learner = pod_spec(docs, "StatefulSet", "learner")
     assert gpus(container(learner, "learner")) == 8
-    assert env(container(learner, "learner"))["MAGIC_WEIGHT_TRANSPORT"] == "nccl"
+    transport = json.loads(env(container(learner, "learner"))["MAGIC_WEIGHT_TRANSPORT"])
+    assert transport == {"type": "nccl", "master_address": "$(MAGIC_POD_IP)"}
+    assert json.loads(env(container(spec, "rollout"))["MAGIC_WEIGHT_TRANSPORT"]) == {"type": "nccl"}
     shm = next(v for v in learner["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
 
@@ -284,6 +296,48 @@ def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
     assert api[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
 
 
+@pytest.mark.parametrize("transport", ["filesystem", "http", "nccl"])
+def test_weight_transport_is_json_the_services_accept(chart, transport):
+    from pydantic import TypeAdapter
+
+    from magic.common.config import WeightTransport
+
+    values = {"weightTransport": transport, "weightTransportOptions": {"port": 8800} if transport == "http" else {}}
+    if transport == "nccl":
+        values["weightTransportOptions"] = {"dtype": "float16"}
+    docs = render(chart, values)
+    learner_spec = pod_spec(docs, "StatefulSet", "learner")
+    learner, rollout = container(learner_spec, "learner"), container(pod_spec(docs, "Deployment", "rollout"), "rollout")
+    pod_ip = "10.1.2.3"  # what Kubernetes puts for $(MAGIC_POD_IP)
+    sent = TypeAdapter(WeightTransport).validate_json(env(learner)["MAGIC_WEIGHT_TRANSPORT"].replace("$(MAGIC_POD_IP)", pod_ip))
+    received = TypeAdapter(WeightTransport).validate_json(env(rollout)["MAGIC_WEIGHT_TRANSPORT"])
+    assert sent.type == received.type == transport
+    names = [e["name"] for e in learner["env"]]
+    assert names.index("MAGIC_POD_IP") < names.index("MAGIC_WEIGHT_TRANSPORT")  # defined before it is expanded
+    if transport == "http":
+        assert sent.advertise_url == f"http://{pod_ip}:8800" and sent.port == received.port == 8800
+        assert {"name": "weights", "containerPort": 8800} in learner["ports"]
+    if transport == "nccl":
+        assert sent.master_address == pod_ip and sent.dtype == received.dtype == "float16"
+
+
+def test_reward_sandbox_isolation_decides_root_and_capabilities(chart):
+    def reward(values):
+        spec = pod_spec(render(chart, {"reward": {"sandbox": values}}), "Deployment", "reward")
+        return spec, container(spec, "reward")
+
+    spec, c = reward({"isolation": "uid", "namespaces": True})
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": SANDBOX_CAPABILITIES + ["SYS_ADMIN"]}
+    assert env(c)["MAGIC_SANDBOX__ISOLATION"] == "uid" and env(c)["MAGIC_SANDBOX__NAMESPACES"] == "true"
+    spec, c = reward({"isolation": "session", "namespaces": False})
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001
+    assert "add" not in c["securityContext"]["capabilities"]
+    assert env(c)["MAGIC_SANDBOX__ISOLATION"] == "session"
+    # scoring is served beside /metrics: the Service and the pod expose that one port
+    assert [p["name"] for p in c["ports"]] == ["metrics"]
+    assert "MAGIC_PORT" not in env(c)
+
+
 def test_service_monitor_can_be_forced_on_or_off(chart):
     assert objects(render(chart, {"metrics": {"serviceMonitor": {"enabled": True}}}), "ServiceMonitor")
     assert not objects(render(chart, {"metrics": {"serviceMonitor": {"enabled": False}}}), "ServiceMonitor")
@@ -313,6 +367,8 @@ INVALID = [
     ({"auth": {"apiToken": "short"}}, "/auth/apiToken"),
     ({"weightTransport": "nccl", "rollout": {"engine": "torch", "gpus": 0}}, "/rollout/engine"),
     ({"weightTransport": "carrier-pigeon"}, "/weightTransport"),
+    ({"weightTransportOptions": {"type": "http"}}, "/weightTransportOptions"),  # the type is weightTransport
+    ({"reward": {"sandbox": {"isolation": "none", "namespaces": False}}}, "/reward/sandbox/isolation"),
     ({"persistence": {"accessModes": ["ReadWriteOnce"]}}, "/persistence/accessModes"),
     ({"persistence": {"size": "lots"}}, "/persistence/size"),
     ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),

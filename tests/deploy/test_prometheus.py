@@ -10,6 +10,7 @@ all-zero-advantage groups are rejected: no policy-loss figures would exist).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -32,9 +33,7 @@ SCRAPE_SECONDS = 1
 RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"  # Grafana's $__rate_interval: max(4 x scrape interval, step + scrape interval)
 STAGES = [{"name": "short", "steps": 2, "T": 12, "D_R": 4, "gs": 4, "lr": 1e-3}, {"name": "long", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "lr": 1e-3}]
 
-KNOWN_GAPS = {
-    "system/Sandbox outcomes/A": "no code prompts in this run, and the code sandbox (its own issue) does not report outcomes yet",
-}
+KNOWN_GAPS: dict[str, str] = {}
 """Dashboard queries expected to come back empty here, with the reason. Strict: once such a query
 returns data, the test fails so that the entry is removed."""
 
@@ -141,8 +140,10 @@ def scraped_run(tmp_path_factory, guessing_model):
         start = time.time()
         resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
         assert resp.status_code == 201, resp.text
+        score_code(ports["reward"])  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
         assert status["status"] == "finished", status.get("error")
+        score_code(ports["reward"])
         time.sleep(4 * SCRAPE_SECONDS)  # the last step's figures are scraped
         end = time.time()
         api.close()
@@ -152,6 +153,15 @@ def scraped_run(tmp_path_factory, guessing_model):
         if prometheus is not None:
             prometheus.stop()
         server.stop()
+
+
+def score_code(port: int) -> None:
+    """Two programs through the reward pod's sandbox (POST /v1/score): one right, one wrong."""
+    tests = json.dumps({"type": "stdin_stdout", "inputs": ["2\n"], "outputs": ["4\n"]})
+    samples = [{"data_source": "code", "response": f"```python\n{body}\n```", "ground_truth": tests} for body in ("print(int(input()) * 2)", "print(5)")]
+    resp = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"samples": samples}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert [s["verdict"] for s in resp.json()["scores"]] == ["correct", "wrong"], resp.text
 
 
 def finite_values(result: list[dict]) -> list[float]:

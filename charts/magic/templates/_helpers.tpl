@@ -99,6 +99,19 @@ affinity:
 
 {{/* Settings --------------------------------------------------------------------------------- */}}
 
+{{/* MAGIC_WEIGHT_TRANSPORT, as JSON: (dict "root" $ "learner" true|false). The learner announces
+its own pod IP (expanded by Kubernetes from MAGIC_POD_IP) as the NCCL rendezvous or HTTP address. */}}
+{{- define "magic.weightTransport" -}}
+{{- $t := merge (dict "type" .root.Values.weightTransport) (deepCopy (.root.Values.weightTransportOptions | default dict)) }}
+{{- if and .learner (eq $t.type "nccl") (not $t.master_address) }}
+{{- $_ := set $t "master_address" "$(MAGIC_POD_IP)" }}
+{{- end }}
+{{- if and .learner (eq $t.type "http") (not $t.advertise_url) }}
+{{- $_ := set $t "advertise_url" (printf "http://$(MAGIC_POD_IP):%d" (int ($t.port | default 8701))) }}
+{{- end }}
+{{- toJson $t }}
+{{- end }}
+
 {{- define "magic.redisHost" -}}
 {{- include "magic.componentName" (dict "root" . "component" "redis") }}
 {{- end }}
