@@ -81,6 +81,9 @@ class ControllerSettings(ServiceSettings):
     api_token: SecretStr | None = Field(default=None, min_length=16)
     """Bearer token every mutating endpoint requires (env MAGIC_API_TOKEN; the Helm chart sets it
     from a Secret). Unset disables authentication, with a warning in the log: development only."""
+    lease_seconds: float = Field(default=10.0, gt=0, le=600)
+    """A run is driven by one controller at a time, which renews a lease in Redis; a controller
+    that died (even SIGKILLed) is replaced once its lease expires after this long."""
     filter_group: str = "controller-filter"
     """Consumer group the controller reads the `scored` stream with (per-prompt outcomes for
     online filtering); the learner's own group is untouched."""

@@ -84,6 +84,11 @@ class RunKeys:
         return f"{self._p}:step:{step}"
 
     @property
+    def lease(self) -> str:
+        """String with a TTL: id of the controller process driving the run (never two at once)."""
+        return f"{self._p}:lease"
+
+    @property
     def control(self) -> str:
         """Hash: requests from the API to the run's driver ("pause", "resume", "stop") -> when."""
         return f"{self._p}:control"

@@ -34,6 +34,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import redis
@@ -62,7 +63,20 @@ class Stopped(Exception):
 
 
 class Shutdown(Exception):
-    """The controller process is shutting down; the run's state stays as it is."""
+    """The controller process is shutting down (or lost the run's lease to another controller);
+    the run's state stays as it is."""
+
+
+_RENEW = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 def group_seed(run_seed: int, step: int, index: int) -> int:
@@ -120,18 +134,58 @@ class StepDriver(threading.Thread):
         self.wake = threading.Event()  # set by the API after a request, to react at once
         self.stream_sampler = StreamSampler(r, run_id)
         self._stage: CurrentStage | None = None
+        self.instance = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
+        self._lease_ms = int(settings.lease_seconds * 1000)
+        self._renewed = 0.0
 
     # -- thread ------------------------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            if self._acquire_lease():
+                self._run()
+        finally:
+            try:
+                self.r.eval(_RELEASE, 1, self.keys.lease, self.instance)
+            except redis.RedisError:
+                pass
+
+    def _acquire_lease(self) -> bool:
+        """Wait until this driver holds the run's lease (a dead controller's expires)."""
+        logged = False
+        while not self.shutdown.is_set():
+            try:
+                if self.r.set(self.keys.lease, self.instance, nx=True, px=self._lease_ms):
+                    self._renewed = time.monotonic()
+                    return True
+                if self.store.status(self.run_id) in (RunStatus.finished, RunStatus.failed, RunStatus.stopped):
+                    return False
+                if not logged:
+                    holder = self.r.get(self.keys.lease)
+                    log.warning("run %s is driven by %s; waiting for its lease to expire", self.run_id, holder.decode() if holder else "?")
+                    logged = True
+            except redis.ConnectionError as exc:
+                log.warning("run %s: Redis unavailable (%s)", self.run_id, exc)
+            self.shutdown.wait(0.2)
+        return False
+
+    def _renew_lease(self) -> None:
+        now = time.monotonic()
+        if now - self._renewed < self._lease_ms / 3000:
+            return
+        if not self.r.eval(_RENEW, 1, self.keys.lease, self.instance, self._lease_ms):
+            raise Shutdown(f"lost the lease of run {self.run_id} to another controller")
+        self._renewed = now
+
+    def _run(self) -> None:
         while True:
             try:
                 finished = self.drive()
                 self.store.finish(self.run_id, RunStatus.finished if finished else RunStatus.stopped)
                 log.info("run %s %s", self.run_id, "finished" if finished else "stopped")
                 return
-            except Shutdown:
-                log.info("run %s: controller shutting down; the run resumes when it is back", self.run_id)
+            except Shutdown as exc:
+                log.info("run %s: %s; the run's state is kept", self.run_id, exc if str(exc) else "controller shutting down")
                 return
             except Stopped:
                 self.store.finish(self.run_id, RunStatus.stopped)
@@ -216,6 +270,7 @@ class StepDriver(threading.Thread):
     def _check_control(self, allow_pause: bool = False) -> None:
         if self.shutdown.is_set():
             raise Shutdown()
+        self._renew_lease()
         requested = self.store.requested(self.run_id)
         if "stop" in requested:
             raise Stopped()
@@ -479,6 +534,7 @@ class StepDriver(threading.Thread):
     def _check_events(self, block_ms: int = 0) -> None:
         """Consume control events: remember StepCompleted, fail on WorkerError; record the
         outcomes of scored groups for online filtering; sample the stream gauges."""
+        self._renew_lease()
         self.stream_sampler.maybe_sample()
         self._read_scored()
         for entry in self.events.read(count=100, block_ms=block_ms or 1):
