@@ -206,6 +206,9 @@ def test_stages_and_plans_are_appended(client, r, tiny_model_dir, data):
     assert resp.status_code == 201 and [s["name"] for s in resp.json()["spec"]["stages"]] == ["a", "b", "c"]
     assert resp.json()["spec"]["on_plan_end"] == "finish"
     assert client.post("/v1/runs/r1/plan", json={"stages": []}, headers=AUTH).status_code == 422
+    assert client.post("/v1/runs/r1/plan", json={"stages": [{"name": "b", "steps": 1, "T": 16, "D_R": 4, "gs": 2}]}, headers=AUTH).status_code == 409
+    assert client.post("/v1/runs/nope/plan", json=plan, headers=AUTH).status_code == 404
+    assert client.get("/v1/runs/nope/stages").status_code == 404
     view = client.get("/v1/runs/r1/stages").json()
     assert [s["name"] for s in view["plan"]] == ["a", "b", "c"] and view["started"][0]["name"] == "a"
     assert view["started"][0]["start_step"] == 0 and view["started"][0]["prompts"] == 12
