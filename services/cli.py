@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("run")
     start.add_argument("-f", "--file", help="stage config file (JSON/YAML); flags override its fields")
     for flag, field, kind, help_text in STAGE_FLAGS:
-        start.add_argument(flag, dest=f"stage_{field}", type=kind, default=None, help=help_text)
+        start.add_argument(flag, dest=f"stage_{field}", type=kind, default=None, metavar=field.upper(), help=help_text)
     start.add_argument("--plateau", default=None, metavar="METRIC:WINDOW:MIN_DELTA", help="end condition: end early once METRIC stops improving")
     _add_api_arguments(start)
 
