@@ -1,8 +1,20 @@
 """The `magic` command.
 
+Services and the local loop:
+
     magic serve {controller,rollout,reward,learner}   run one service (settings from MAGIC_* env)
     magic demo prepare [--out DIR]                    build the tiny model + data (cached)
     magic local [options]                             the whole loop on this machine
+
+The controller's API (URL from --url or MAGIC_CONTROLLER_URL, token from --token or MAGIC_API_TOKEN):
+
+    magic dataset register NAME PATH                  validate and register a JSONL/Parquet dataset
+    magic dataset list
+    magic run create -f run.json                      create a run (model, datasets, stage plan)
+    magic run list | get RUN | pause RUN | resume RUN | stop RUN
+    magic stage start RUN --name s2 --steps 100 --T 16384 --D_R 64 --gs 16 [--tau 1 --lr 1e-6 ...]
+    magic plan submit RUN -f plan.json                append several stages that advance by themselves
+    magic status RUN [--watch]                        stage, step, version, workers, last step; live view
 
 Heavy libraries are imported only by the subcommand that needs them.
 """
@@ -10,12 +22,48 @@ Heavy libraries are imported only by the subcommand that needs them.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 SERVICES = ("controller", "rollout", "reward", "learner")
+TERMINAL = ("finished", "failed", "stopped")
+
+# CLI flag -> StageConfig field (the paper's symbol, as the API accepts it)
+STAGE_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--name", "name", str, "stage label"),
+    ("--steps", "steps", int, "end condition: most on-policy steps of the stage"),
+    ("--T", "T", int, "T: context length (max response tokens)"),
+    ("--D_R", "D_R", int, "D_R: prompts per on-policy step"),
+    ("--D_T", "D_T", int, "D_T: prompts per SGD mini-batch (default D_R)"),
+    ("--N_reuse", "N_reuse", int, "N_reuse: passes over each rollout batch"),
+    ("--gs", "gs", int, "gs: samples per prompt (group size)"),
+    ("--tau", "tau", float, "tau: sampling temperature"),
+    ("--lr", "lr", float, "learning rate"),
+    ("--clip-low", "clip_low", float, "eps_low: ratio clipped below at 1 - clip_low"),
+    ("--clip-high", "clip_high", float, "eps_high: ratio clipped above at 1 + clip_high"),
+    ("--tgt-ent", "tgt_ent", float, "tgt_ent: target entropy of adaptive entropy control"),
+    ("--delta", "Delta", float, "Delta: step of the adaptive entropy coefficient"),
+    ("--beta", "beta", float, "beta: k3 KL coefficient"),
+    ("--advantage-mask", "advantage_mask", str, "advantage mask for truncated responses: none, before, after"),
+]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _add_api_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="controller URL (default: $MAGIC_CONTROLLER_URL or http://127.0.0.1:8080)")
+    p.add_argument("--token", default=None, help="API token (default: $MAGIC_API_TOKEN)")
+
+
+def _load_file(path: str) -> dict:
+    """A JSON (or, with PyYAML installed, YAML) document."""
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_load(text)
+    return json.loads(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="magic", description="MAGIC: multi-stage GRPO with adaptive entropy control")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -33,7 +81,57 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(local)
 
-    args = parser.parse_args(argv)
+    dataset = sub.add_parser("dataset", help="register and list datasets")
+    ds_sub = dataset.add_subparsers(dest="action", required=True)
+    reg = ds_sub.add_parser("register", help="validate a JSONL/Parquet file of verl records and register it")
+    reg.add_argument("name")
+    reg.add_argument("path", help="file path as the controller sees it")
+    reg.add_argument("--format", default="auto", choices=("auto", "jsonl", "parquet"))
+    reg.add_argument("--replace", action="store_true", help="replace a dataset registered under the same name")
+    ds_list = ds_sub.add_parser("list", help="registered datasets")
+    for p in (reg, ds_list):
+        _add_api_arguments(p)
+
+    run = sub.add_parser("run", help="create, list and control runs")
+    run_sub = run.add_subparsers(dest="action", required=True)
+    create = run_sub.add_parser("create", help="create a run from a JSON/YAML spec (name, model, datasets, stages)")
+    create.add_argument("-f", "--file", required=True, help="run spec file ('-' for stdin)")
+    _add_api_arguments(create)
+    run_list = run_sub.add_parser("list", help="all runs")
+    _add_api_arguments(run_list)
+    for action in ("get", "pause", "resume", "stop"):
+        p = run_sub.add_parser(action, help=f"{action} a run")
+        p.add_argument("run")
+        _add_api_arguments(p)
+
+    stage = sub.add_parser("stage", help="start the next stage of a run")
+    stage_sub = stage.add_subparsers(dest="action", required=True)
+    start = stage_sub.add_parser("start", help="append a stage (starts when the current stage ends, or now if the run waits)")
+    start.add_argument("run")
+    start.add_argument("-f", "--file", help="stage config file (JSON/YAML); flags override its fields")
+    for flag, field, kind, help_text in STAGE_FLAGS:
+        start.add_argument(flag, dest=f"stage_{field}", type=kind, default=None, metavar=field.upper(), help=help_text)
+    start.add_argument("--plateau", default=None, metavar="METRIC:WINDOW:MIN_DELTA", help="end condition: end early once METRIC stops improving")
+    _add_api_arguments(start)
+
+    plan = sub.add_parser("plan", help="submit a whole stage plan")
+    plan_sub = plan.add_subparsers(dest="action", required=True)
+    submit = plan_sub.add_parser("submit", help="append stages that advance by themselves")
+    submit.add_argument("run")
+    submit.add_argument("-f", "--file", required=True, help='{"stages": [...], "on_plan_end": "finish"|"wait"} or a list of stages')
+    _add_api_arguments(submit)
+
+    status = sub.add_parser("status", help="a run's stage, step, policy version, workers and last step")
+    status.add_argument("run")
+    status.add_argument("--watch", "-w", action="store_true", help="refresh until the run ends")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
+    status.add_argument("--json", action="store_true", help="print the raw status JSON")
+    _add_api_arguments(status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve_service(args.service)
     if args.command == "demo":
@@ -48,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         from magic.local.launcher import launch
 
         return launch(args)
-    return 2
+    return api_command(args)
 
 
 def serve_service(name: str) -> int:
@@ -61,6 +159,105 @@ def serve_service(name: str) -> int:
     else:
         from magic.learner.worker import run
     return run()
+
+
+# -- the API commands ---------------------------------------------------------------------------
+
+
+def api_command(args: argparse.Namespace) -> int:
+    from magic.controller.client import ClientError, ControllerClient
+
+    try:
+        with ControllerClient(args.url, args.token) as client:
+            return _dispatch(client, args)
+    except ClientError as exc:
+        print(f"magic: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:  # unreadable or malformed spec file
+        print(f"magic: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(client, args: argparse.Namespace) -> int:
+    cmd, action = args.command, getattr(args, "action", None)
+    if cmd == "dataset" and action == "register":
+        info = client.register_dataset(args.name, args.path, args.format, args.replace)
+        print(f"dataset {info['name']}: {info['records']} records ({info['format']}), data sources {info['data_sources']}")
+    elif cmd == "dataset":
+        for d in client.datasets():
+            print(f"{d['name']:24s} {d['records']:8d} records  {d['path']}")
+    elif cmd == "run" and action == "create":
+        view = client.create_run(_load_file(args.file))
+        print(f"run {view['name']} created: {len(view['spec']['stages'])} stages, up to {view['total_steps']} steps; status {view['status']}")
+    elif cmd == "run" and action == "list":
+        for r in client.runs():
+            print(f"{r['name']:24s} {r['status']:10s} step {r['step']}")
+    elif cmd == "run" and action == "get":
+        print(json.dumps(client.run(args.run), indent=1))
+    elif cmd == "run":
+        view = client.action(args.run, action)
+        print(f"run {view['name']}: {view['status']}" + (f" (requested: {', '.join(view['requested'])})" if view["requested"] else ""))
+    elif cmd == "stage":
+        stage = _load_file(args.file) if args.file else {}
+        stage.update({field: v for _, field, _, _ in STAGE_FLAGS if (v := getattr(args, f"stage_{field}")) is not None})
+        if args.plateau:
+            metric, window, min_delta = (args.plateau.split(":") + ["", ""])[:3]
+            stage["plateau"] = {"metric": metric or "accuracy_all", **({"window": int(window)} if window else {}), **({"min_delta": float(min_delta)} if min_delta else {})}
+        view = client.start_stage(args.run, stage)
+        added = view["spec"]["stages"][-1]
+        print(f"run {view['name']}: stage {added['name']!r} appended (T={added['context_length']}, D_R={added['rollout_batch_size']}, gs={added['group_size']}); status {view['status']}")
+    elif cmd == "plan":
+        doc = _load_file(args.file)
+        stages, end = (doc, "finish") if isinstance(doc, list) else (doc.get("stages", []), doc.get("on_plan_end", "finish"))
+        view = client.submit_plan(args.run, stages, end)
+        print(f"run {view['name']}: plan of {len(view['spec']['stages'])} stages; status {view['status']}")
+    elif cmd == "status":
+        return _status(client, args)
+    return 0
+
+
+def render_status(view: dict) -> str:
+    """A run's status as a few lines of text."""
+    lines = [f"run {view['name']}: {view['status']}  (phase {view['phase']}, step {view['step']}/{view['total_steps']}, policy version {view.get('policy_version')})"]
+    if view.get("stage_name"):
+        lines.append(f"stage {view['stage']} '{view['stage_name']}'  T={view['context_length']}")
+    if view.get("error"):
+        lines.append(f"error: {view['error']}")
+    workers = ", ".join(f"{svc} {len(ws)}" for svc, ws in view["workers"].items())
+    lines.append(f"live workers: {workers}")
+    tp = view.get("throughput") or {}
+    if tp.get("steps_per_hour"):
+        lines.append(f"throughput: {tp['steps_per_hour']:.1f} steps/h, {tp['samples_per_second']:.2f} samples/s, {tp['response_tokens_per_second']:.1f} response tokens/s")
+    f = view.get("filtering") or {}
+    if any(f.get(k) for k in ("dropped_online", "dropped_estimated_0", "dropped_estimated_all")):
+        lines.append(f"filtered prompts: online {f['dropped_online']}, estimated 0/N {f['dropped_estimated_0']}, N/N {f['dropped_estimated_all']}")
+    for s in view.get("stages", []):
+        end = f"ended at step {s['end_step']} ({s['end_reason']})" if s.get("end_step") is not None else "running"
+        lines.append(f"  stage {s['index']} '{s['name']}' T={s['context_length']}: from step {s['start_step']}, {s['prompts']} prompts, {s['dropped_online']} dropped online; {end}")
+    last = view.get("last_metrics")
+    if last:
+        figures = ("reward_mean", "accuracy_all", "entropy", "response_clip_ratio", "response_length_mean", "step_seconds_total")
+        lines.append("last step " + str(last["step"]) + ": " + "  ".join(f"{k} {last[k]:.3f}" for k in figures if isinstance(last.get(k), (int, float))))
+    return "\n".join(lines)
+
+
+def _status(client, args: argparse.Namespace) -> int:
+    import time
+
+    tty = sys.stdout.isatty()
+    while True:
+        view = client.run(args.run)
+        if args.json:
+            print(json.dumps(view, indent=1), flush=True)
+        else:
+            if args.watch and tty:
+                print("\033[H\033[J", end="")
+            print(render_status(view), flush=True)
+        if not args.watch or view["status"] in TERMINAL:
+            return 1 if view["status"] == "failed" else 0
+        time.sleep(args.interval)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -78,6 +78,15 @@ class ControllerSettings(ServiceSettings):
     """Interface the REST API listens on."""
     port: int = Field(default=8080, ge=0, le=65535)
     """Port of the REST API."""
+    api_token: SecretStr | None = Field(default=None, min_length=16)
+    """Bearer token every mutating endpoint requires (env MAGIC_API_TOKEN; the Helm chart sets it
+    from a Secret). Unset disables authentication, with a warning in the log: development only."""
+    lease_seconds: float = Field(default=10.0, gt=0, le=600)
+    """A run is driven by one controller at a time, which renews a lease in Redis; a controller
+    that died (even SIGKILLed) is replaced once its lease expires after this long."""
+    filter_group: str = "controller-filter"
+    """Consumer group the controller reads the `scored` stream with (per-prompt outcomes for
+    online filtering); the learner's own group is untouched."""
     worker_wait_seconds: float = Field(default=600.0, gt=0)
     """How long a step may wait for workers (weights acks, a learner) before the run fails."""
     step_timeout_seconds: float = Field(default=3600.0, gt=0)
@@ -343,15 +352,37 @@ class EntropyControl(BaseModel):
     """Constant coefficient when `adaptive` is False (0 disables the entropy bonus)."""
 
 
+class PlateauRule(BaseModel):
+    """Ends a stage early once a per-step figure stops improving: after at least `min_steps`
+    steps, the mean of `metric` over the last `window` steps is compared with the mean over the
+    `window` steps before them; the stage ends when it rose by less than `min_delta`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: Literal["accuracy_all", "accuracy_nontruncated", "reward_mean"] = "accuracy_all"
+    """Step record figure watched (rollout accuracy by default)."""
+    window: int = Field(default=5, ge=1, le=10_000)
+    """Steps per window."""
+    min_delta: float = Field(default=0.01, ge=0)
+    """Smallest rise of the window mean that counts as progress."""
+    min_steps: int = Field(default=0, ge=0)
+    """Steps the stage runs before the rule is checked (at least 2 * window in any case)."""
+
+
 class StageConfig(BaseModel):
     """One training stage: a context length T and the batch settings used until its end condition."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: str = Field(default="stage", min_length=1, max_length=64)
-    """Label shown in status and metrics."""
+    name: str = Field(default="stage", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Label shown in status and metrics (letters, digits, `_`, `.`, `-`)."""
     steps: int = Field(ge=1, le=1_000_000)
-    """End condition: the number of on-policy steps this stage runs."""
+    """End condition: the most on-policy steps this stage runs (all of them without `plateau`)."""
+    plateau: PlateauRule | None = None
+    """End condition: end the stage before `steps` once `plateau.metric` stops improving."""
+    online_filter: bool = True
+    """At this stage's start, drop the prompts the policy solved in every sample during the
+    previous stage (online filtering, §6); no effect on the first stage."""
     context_length: int = Field(ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
     """T: max response tokens; responses longer than T are truncated (finish reason `length`)."""
     rollout_batch_size: int = Field(ge=1, validation_alias=_alias("rollout_batch_size", "D_R"))
@@ -383,6 +414,55 @@ class StageConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0, validation_alias=_alias("kl_coef", "beta"))
     """beta: weight of the k3 KL to the reference (initial) policy (§3.2.6); 0 in the recipe."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_entropy_symbols(cls, data: object) -> object:
+        """The paper's tgt_ent and Delta may be given flat on the stage (as in its tables)."""
+        if isinstance(data, dict) and ("tgt_ent" in data or "Delta" in data):
+            data = dict(data)
+            entropy = data.get("entropy")
+            entropy = dict(entropy) if isinstance(entropy, dict) else ({} if entropy is None else entropy)
+            if isinstance(entropy, dict):
+                for symbol, field in (("tgt_ent", "target"), ("Delta", "delta")):
+                    if symbol in data:
+                        if field in entropy or symbol in entropy:
+                            raise ValueError(f"{symbol} is given twice: flat and as entropy.{field}")
+                        entropy[field] = data.pop(symbol)
+                data["entropy"] = entropy
+        return data
+
+    @field_validator("train_batch_size")
+    @classmethod
+    def _d_t_divides_d_r(cls, v: int | None, info: ValidationInfo) -> int | None:
+        d_r = info.data.get("rollout_batch_size")
+        if v is None or d_r is None:
+            return v
+        if v > d_r:
+            raise ValueError(f"D_T = {v} is larger than D_R = {d_r}: a mini-batch cannot hold more prompts than the rollout batch")
+        if d_r % v:
+            raise ValueError(f"D_R = {d_r} is not divisible by D_T = {v}: pick a D_T that divides D_R (N_SGD = D_R / D_T * N_reuse)")
+        return v
+
+    @field_validator("plateau")
+    @classmethod
+    def _plateau_fits(cls, v: PlateauRule | None, info: ValidationInfo) -> PlateauRule | None:
+        steps = info.data.get("steps")
+        if v is not None and steps is not None and 2 * v.window > steps:
+            raise ValueError(f"plateau.window = {v.window} needs 2 * window <= steps = {steps} steps to compare two windows")
+        return v
+
+    @field_validator("entropy")
+    @classmethod
+    def _coef_bounds(cls, v: EntropyControl) -> EntropyControl:
+        if v.coef_min > v.coef_max:
+            raise ValueError(f"entropy.coef_min = {v.coef_min} is above entropy.coef_max = {v.coef_max}")
+        return v
+
+    @property
+    def sgd_steps(self) -> int:
+        """N_SGD = D_R / D_T * N_reuse (eq. 4.1)."""
+        return self.rollout_batch_size // (self.train_batch_size or self.rollout_batch_size) * self.reuse
+
 
 class OptimConfig(BaseModel):
     """AdamW settings shared by every stage (the learning rate is per stage)."""
@@ -402,21 +482,62 @@ class OptimConfig(BaseModel):
 RunName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 
 
-class RunSpec(BaseModel):
-    """A training run: the initial model, the training prompts and the stage plan."""
+DatasetName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+
+
+class DatasetSpec(BaseModel):
+    """A training dataset to register: a JSONL or Parquet file of verl / Skywork-OR1 records
+    (`prompt`, `data_source`, `reward_model.ground_truth`, `extra_info`) on a path the controller reads."""
 
     model_config = ConfigDict(extra="forbid")
 
+    name: DatasetName
+    """Dataset id: lowercase letters, digits, `_`, `.`, `-`."""
+    path: str = Field(min_length=1, max_length=4096)
+    """File path as the controller sees it (the shared volume on Kubernetes)."""
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """File format; "auto" picks it from the extension (.jsonl/.json, .parquet)."""
+
+
+class EstimationConfig(BaseModel):
+    """Offline difficulty estimation (§6): sample each prompt N times with the current policy
+    and drop the prompts solved 0/N or N/N times from the next stages."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    samples: int = Field(default=16, ge=2, le=1024, validation_alias=_alias("samples", "N"))
+    """N: samples per prompt."""
+    context_length: int = Field(ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
+    """T: max response tokens of the estimation samples."""
+    temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
+    """tau: sampling temperature."""
+    max_prompts: int | None = Field(default=None, ge=1)
+    """Estimate only the first this many prompts of the pool (None: all of them)."""
+    groups_per_batch: int = Field(default=64, ge=1, le=100_000)
+    """Prompt groups published at once (bounds the prompts stream)."""
+
+
+class RunSpec(BaseModel):
+    """A training run: the initial model, the training prompts and the stage plan."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
     name: RunName
     """Run id: lowercase letters, digits and dashes (it appears in Redis keys and paths)."""
-    model: str = Field(min_length=1)
-    """Initial policy: a Hugging Face model directory readable by the learner and rollout workers."""
-    train_files: list[str] = Field(min_length=1)
-    """JSONL files in the verl / Skywork-OR1 record format (prompt, data_source, reward_model.ground_truth)."""
-    stages: list[StageConfig] = Field(min_length=1)
-    """The stage plan, run in order."""
+    model: str = Field(min_length=1, max_length=4096)
+    """Initial policy: a Hugging Face model directory readable by the controller, learner and rollout workers."""
+    datasets: list[str] = Field(min_length=1, max_length=64, validation_alias=_alias("datasets", "train_files"))
+    """Training prompts: names of registered datasets (POST /v1/datasets), or file paths, which
+    are registered on the fly under their file stem. Also accepted as `train_files`."""
+    stages: list[StageConfig] = Field(default_factory=list, max_length=1000)
+    """The stage plan, run in order; more stages can be appended while the run goes."""
+    on_plan_end: Literal["finish", "wait"] | None = None
+    """What the run does when its last stage ends: "finish", or "wait" for the next stage
+    (POST /v1/runs/{run}/stages). Default: "finish" when stages are given, else "wait"."""
+    estimation: EstimationConfig | None = None
+    """Offline difficulty estimation before the first step (None: none)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**62)
     """Seeds prompt order and sampling."""
 
     @model_validator(mode="after")
@@ -424,14 +545,20 @@ class RunSpec(BaseModel):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique within a run, got {names}")
+        if self.on_plan_end is None:
+            self.on_plan_end = "finish" if self.stages else "wait"
         return self
 
     @property
     def total_steps(self) -> int:
+        """Steps of the plan if every stage runs all its `steps` (an upper bound with plateau rules)."""
         return sum(s.steps for s in self.stages)
 
     def stage_at(self, step: int) -> tuple[int, StageConfig]:
-        """The stage index and config that global step `step` (0-based) belongs to."""
+        """The stage index and config that global step `step` (0-based) belongs to when every stage
+        runs all its `steps`. The controller decides the real boundaries (plateau rules end stages
+        early) and writes each step's stage into the step hash (`RunKeys.step`, field `stage_config`),
+        which is what workers should read."""
         for i, stage in enumerate(self.stages):
             if step < stage.steps:
                 return i, stage

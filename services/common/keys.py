@@ -13,6 +13,8 @@ ACTIVE_RUN = "magic:active_run"
 """String: id of the run the workers serve now (absent when idle)."""
 RUN_INDEX = "magic:runs"
 """Sorted set: run ids scored by creation time."""
+DATASETS = "magic:datasets"
+"""Hash: registered dataset name -> its DatasetInfo as JSON (path, format, summary)."""
 
 
 def heartbeat(service: str, worker: str) -> str:
@@ -59,6 +61,12 @@ class RunKeys:
     def dead(self) -> str:
         return f"{self._p}:dead"
 
+    @property
+    def estimates(self) -> str:
+        """Stream of ScoredGroups of difficulty-estimation groups (reward -> controller), never
+        seen by the learner."""
+        return f"{self._p}:estimates"
+
     # state
     @property
     def spec(self) -> str:
@@ -71,8 +79,45 @@ class RunKeys:
         return f"{self._p}:state"
 
     def step(self, step: int) -> str:
-        """Hash: one step's bookkeeping (expected groups, publish time, stage)."""
+        """Hash: one step's bookkeeping: `expected` groups, `published_at`, `stage` index and
+        `stage_config` (the StageConfig JSON the learner trains the step with)."""
         return f"{self._p}:step:{step}"
+
+    @property
+    def lease(self) -> str:
+        """String with a TTL: id of the controller process driving the run (never two at once)."""
+        return f"{self._p}:lease"
+
+    @property
+    def control(self) -> str:
+        """Hash: requests from the API to the run's driver ("pause", "resume", "stop") -> when."""
+        return f"{self._p}:control"
+
+    @property
+    def stages(self) -> str:
+        """List: one JSON record per started stage (start/end step, why it ended, filter counts)."""
+        return f"{self._p}:stages"
+
+    def solved(self, stage: int) -> str:
+        """Hash: prompt uid -> 1 if every sample of every group of the prompt in stage `stage` was
+        correct, 0 otherwise (online filtering reads it at the next stage's start)."""
+        return f"{self._p}:solved:{stage}"
+
+    @property
+    def dropped(self) -> str:
+        """Hash: prompt uid -> JSON {"from_stage": s, "reason": "solved"|"estimated_0"|"estimated_all"}:
+        the prompt is left out of stage s and every later stage."""
+        return f"{self._p}:dropped"
+
+    @property
+    def pass_rates(self) -> str:
+        """Hash: prompt uid -> "correct/N" from the last difficulty estimation."""
+        return f"{self._p}:pass_rates"
+
+    @property
+    def estimation(self) -> str:
+        """Hash: the difficulty estimation's progress and counts (status, published, received, dropped)."""
+        return f"{self._p}:estimation"
 
     @property
     def weight_versions(self) -> str:

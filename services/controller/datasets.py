@@ -1,28 +1,42 @@
-"""Training prompts in the verl / Skywork-OR1 record format, and the order they are served in.
+"""Training prompts in the verl / Skywork-OR1 record format: reading, validating, summarising, serving.
 
-A record is one JSON object per line::
+A record is one JSON object per line of a JSONL file, or one row of a Parquet file::
 
     {"prompt": [{"role": "user", "content": "..."}], "data_source": "math",
      "reward_model": {"ground_truth": "42"}, "extra_info": {...}}
 
-`prompt` may also be a plain string (taken as one user message).
+`prompt` may also be a plain string (taken as one user message). Parquet files as verl writes
+them (`prompt` a list of structs, `reward_model` a struct) read the same way.
+
+Registration (`register`) validates every record and stores a summary in Redis; runs name
+datasets by their registered name and the controller re-reads the file when a run starts,
+refusing it if its checksum changed since registration.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+from pydantic import BaseModel
+
+from magic.common import keys
+from magic.common.config import DatasetSpec
+
 
 class DatasetError(ValueError):
-    """A dataset file is missing or has a malformed record; the message says which line."""
+    """A dataset file is missing or has a malformed record; the message says which record."""
 
 
 @dataclass(frozen=True)
 class PromptRecord:
-    uid: str  # "<file stem>:<line number>"
+    uid: str  # "<dataset>:<line or row number>", stable across runs
     messages: tuple[tuple[str, str], ...]
     data_source: str
     ground_truth: str
@@ -33,18 +47,18 @@ def parse_record(obj: object, uid: str) -> PromptRecord:
     if not isinstance(obj, dict):
         raise DatasetError(f"{uid}: a record must be a JSON object")
     prompt = obj.get("prompt")
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and prompt:
         messages = (("user", prompt),)
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt):
-        messages = tuple((str(m.get("role", "user")), m["content"]) for m in prompt)
+        messages = tuple((str(m.get("role") or "user"), m["content"]) for m in prompt)
     else:
-        raise DatasetError(f"{uid}: 'prompt' must be a string or a non-empty list of {{role, content}} messages")
+        raise DatasetError(f"{uid}: 'prompt' must be a non-empty string or a non-empty list of {{role, content}} messages")
     rm = obj.get("reward_model")
-    if not isinstance(rm, dict) or "ground_truth" not in rm:
+    if not isinstance(rm, dict) or rm.get("ground_truth") is None:
         raise DatasetError(f"{uid}: 'reward_model.ground_truth' is required")
     gt = rm["ground_truth"]
     ground_truth = gt if isinstance(gt, str) else json.dumps(gt)
-    data_source = obj.get("data_source", "math")
+    data_source = obj.get("data_source") or "math"
     if not isinstance(data_source, str):
         raise DatasetError(f"{uid}: 'data_source' must be a string")
     extra = obj.get("extra_info") or {}
@@ -53,30 +67,149 @@ def parse_record(obj: object, uid: str) -> PromptRecord:
     return PromptRecord(uid, messages, data_source, ground_truth, extra)
 
 
-def load_jsonl(path: str | Path) -> list[PromptRecord]:
+def _format_of(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise DatasetError(f"{path}: cannot tell the format from the extension {suffix!r}; set format to 'jsonl' or 'parquet'")
+
+
+def load_records(path: str | Path, prefix: str | None = None, fmt: str = "auto") -> list[PromptRecord]:
+    """Every record of a JSONL or Parquet file; raise DatasetError naming the first bad one.
+    Record uids are "<prefix>:<line or row number, from 1>" (prefix: the file stem by default)."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
+    prefix = prefix or path.stem
+    fmt = _format_of(path, fmt)
     records = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            uid = f"{path.stem}:{lineno}"
+    if fmt == "jsonl":
+        with path.open(encoding="utf-8", errors="strict") as f:
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{uid}: invalid JSON ({exc.msg})") from None
-            records.append(parse_record(obj, uid))
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    uid = f"{prefix}:{lineno}"
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DatasetError(f"{uid}: invalid JSON ({exc.msg})") from None
+                    records.append(parse_record(obj, uid))
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    else:
+        try:
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        except ImportError:  # pragma: no cover - pyarrow is a dependency
+            raise DatasetError("reading Parquet needs pyarrow") from None
+        except Exception as exc:  # noqa: BLE001 — pyarrow raises many types for a bad file
+            raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+        records = [parse_record(row, f"{prefix}:{i}") for i, row in enumerate(rows, 1)]
     if not records:
         raise DatasetError(f"{path}: no records")
     return records
+
+
+def load_jsonl(path: str | Path) -> list[PromptRecord]:
+    """The records of a JSONL file (uids "<file stem>:<line>")."""
+    return load_records(path, fmt="jsonl")
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+class DatasetInfo(BaseModel):
+    """A registered dataset: where it is and what is in it."""
+
+    name: str
+    path: str
+    format: str
+    checksum: str
+    """sha256 of the file at registration; a run refuses the file if it changed."""
+    records: int
+    data_sources: dict[str, int]
+    """Records per data_source."""
+    prompt_chars: dict[str, float]
+    """min / mean / max characters of the prompt messages."""
+    registered_at: float
+
+
+def summarise(spec: DatasetSpec) -> tuple[DatasetInfo, list[PromptRecord]]:
+    """Read and validate every record of the file; raise DatasetError on the first bad one."""
+    path = Path(spec.path)
+    records = load_records(path, spec.name, spec.format)
+    chars = [sum(len(c) for _, c in rec.messages) for rec in records]
+    info = DatasetInfo(
+        name=spec.name,
+        path=str(path),
+        format=_format_of(path, spec.format),
+        checksum=file_sha256(path),
+        records=len(records),
+        data_sources=dict(Counter(rec.data_source for rec in records).most_common()),
+        prompt_chars={"min": min(chars), "mean": sum(chars) / len(chars), "max": max(chars)},
+        registered_at=time.time(),
+    )
+    return info, records
+
+
+class DatasetRegistry:
+    """Registered datasets in Redis (hash `magic:datasets`)."""
+
+    def __init__(self, r: redis.Redis):
+        self.r = r
+
+    def register(self, spec: DatasetSpec, replace: bool = False) -> tuple[DatasetInfo, bool]:
+        """Validate and record `spec`; returns (info, created). Registering the same file under
+        the same name again is a no-op; another file under a taken name raises FileExistsError
+        unless `replace`."""
+        info, _ = summarise(spec)
+        old = self.get(spec.name)
+        if old is not None and not replace:
+            if old.path == info.path and old.checksum == info.checksum:
+                return old, False
+            raise FileExistsError(spec.name)
+        self.r.hset(keys.DATASETS, spec.name, info.model_dump_json())
+        return info, True
+
+    def get(self, name: str) -> DatasetInfo | None:
+        raw = self.r.hget(keys.DATASETS, name)
+        return DatasetInfo.model_validate_json(raw) if raw else None
+
+    def list(self) -> list[DatasetInfo]:
+        return sorted((DatasetInfo.model_validate_json(v) for v in self.r.hvals(keys.DATASETS)), key=lambda d: d.name)
+
+    def delete(self, name: str) -> bool:
+        return bool(self.r.hdel(keys.DATASETS, name))
+
+    def load(self, name: str) -> list[PromptRecord]:
+        """The records of a registered dataset; DatasetError if it is gone or changed."""
+        info = self.get(name)
+        if info is None:
+            raise DatasetError(f"no dataset registered as {name!r}")
+        if not Path(info.path).is_file():
+            raise DatasetError(f"dataset {name!r}: {info.path} is gone")
+        if file_sha256(info.path) != info.checksum:
+            raise DatasetError(f"dataset {name!r}: {info.path} changed since it was registered; register it again under a new name")
+        return load_records(info.path, name, info.format)
 
 
 class PromptSource:
     """Serves prompts in a seeded shuffled order, epoch after epoch; position p is deterministic."""
 
     def __init__(self, records: list[PromptRecord], seed: int):
+        if not records:
+            raise DatasetError("no prompts to serve")
         self.records = records
         self.seed = seed
         self._orders: dict[int, list[int]] = {}

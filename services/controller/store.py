@@ -1,11 +1,15 @@
-"""Run state in Redis: the spec, the status and progress, and the per-step metric records.
+"""Run state in Redis: the spec, the status and barrier position, stage records, per-step metrics.
 
 Everything the controller knows lives here, so a restarted controller picks up where it stopped.
+The barrier position is the state hash's `step` (k) and `phase`; the driver moves it forward
+only inside the same MULTI/EXEC transaction that does the phase's side effect (publishing the
+prompts, recording the step), so a crash leaves either both or neither.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from enum import Enum
 from pathlib import Path
@@ -17,8 +21,11 @@ from magic.common.config import RunSpec, StageConfig
 
 
 class RunStatus(str, Enum):
-    pending = "pending"  # created, waiting for workers
+    pending = "pending"  # created, not driven yet
+    estimating = "estimating"  # offline difficulty estimation before the first step
     running = "running"
+    paused = "paused"  # no new step is published until resumed
+    waiting = "waiting"  # the plan is done; waiting for the next stage
     finished = "finished"
     failed = "failed"
     stopped = "stopped"
@@ -30,6 +37,7 @@ TERMINAL = {RunStatus.finished, RunStatus.failed, RunStatus.stopped}
 class Phase(str, Enum):
     """Where the on-policy step barrier is within step `step` (persisted for restarts)."""
 
+    estimate = "estimate"  # offline difficulty estimation (before step 0)
     publish = "publish"  # waiting for rollout workers at version k, then publishing prompts
     rollout = "rollout"  # prompts out; waiting for the learner's StepCompleted(k)
     sync = "sync"  # learner published k+1; waiting for rollout workers to load it
@@ -43,6 +51,11 @@ class RunBusy(Exception):
     pass
 
 
+def finite(record: dict) -> dict:
+    """The record with NaN/inf floats replaced by None (JSON has no NaN; the API must not 500)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
 class RunStore:
     def __init__(self, r: redis.Redis, data_dir: Path):
         self.r = r
@@ -53,18 +66,24 @@ class RunStore:
 
     # -- runs --------------------------------------------------------------------------------
 
-    def create(self, spec: RunSpec) -> None:
+    def create(self, spec: RunSpec, extra_state: dict | None = None) -> None:
         """Store a new run and make it the active one; raise RunExists / RunBusy."""
         k = keys.RunKeys(spec.name)
+        if self.r.exists(k.spec):
+            raise RunExists(spec.name)
         active = self.active()
         if active is not None and active != spec.name:
             raise RunBusy(active)
         if not self.r.set(k.spec, spec.model_dump_json(), nx=True):
             raise RunExists(spec.name)
         now = time.time()
-        self.r.hset(k.state, mapping={"status": RunStatus.pending.value, "step": 0, "phase": Phase.publish.value, "created_at": now})
-        self.r.zadd(keys.RUN_INDEX, {spec.name: now})
-        self.r.set(keys.ACTIVE_RUN, spec.name)
+        phase = Phase.estimate if spec.estimation else Phase.publish
+        state = {"status": RunStatus.pending.value, "step": 0, "phase": phase.value, "stage": -1, "stage_start": 0, "created_at": now}
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(k.state, mapping={**state, **(extra_state or {})})
+        pipe.zadd(keys.RUN_INDEX, {spec.name: now})
+        pipe.set(keys.ACTIVE_RUN, spec.name)
+        pipe.execute()
         self.run_dir(spec.name).mkdir(parents=True, exist_ok=True)
 
     def spec(self, run_id: str) -> RunSpec | None:
@@ -72,11 +91,22 @@ class RunStore:
         return RunSpec.model_validate_json(raw) if raw else None
 
     def append_stage(self, run_id: str, stage: StageConfig) -> RunSpec:
-        spec = self.spec(run_id)
-        assert spec is not None
-        updated = RunSpec.model_validate({**spec.model_dump(), "stages": [*spec.model_dump()["stages"], stage.model_dump()]})
-        self.r.set(keys.RunKeys(run_id).spec, updated.model_dump_json())
-        return updated
+        """Append `stage` to the plan (atomically against concurrent appends)."""
+        key = keys.RunKeys(run_id).spec
+        with self.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    spec = RunSpec.model_validate_json(pipe.get(key))
+                    if stage.name in {s.name for s in spec.stages}:
+                        raise RunExists(stage.name)
+                    updated = spec.model_copy(update={"stages": [*spec.stages, stage]})
+                    pipe.multi()
+                    pipe.set(key, updated.model_dump_json())
+                    pipe.execute()
+                    return updated
+                except redis.WatchError:
+                    continue
 
     def state(self, run_id: str) -> dict[str, str]:
         raw = self.r.hgetall(keys.RunKeys(run_id).state)
@@ -90,10 +120,11 @@ class RunStore:
         return RunStatus(raw.decode()) if raw else None
 
     def finish(self, run_id: str, status: RunStatus, error: str | None = None) -> None:
-        fields = {"status": status, "finished_at": time.time()}
+        fields: dict = {"status": status, "finished_at": time.time()}
         if error:
             fields["error"] = error[:4000]
         self.update(run_id, **fields)
+        self.r.delete(keys.RunKeys(run_id).control)
         if self.active() == run_id:
             self.r.delete(keys.ACTIVE_RUN)
 
@@ -104,27 +135,48 @@ class RunStore:
     def list(self) -> list[str]:
         return [x.decode() for x in self.r.zrange(keys.RUN_INDEX, 0, -1)]
 
+    # -- requests from the API to the driver (persisted: a restarted driver sees them) ---------
+
+    def request(self, run_id: str, what: str) -> None:
+        """Ask the driver to `pause`, `resume` or `stop`."""
+        self.r.hset(keys.RunKeys(run_id).control, what, time.time())
+        if what == "resume":
+            self.r.hdel(keys.RunKeys(run_id).control, "pause")
+
+    def requested(self, run_id: str) -> set[str]:
+        return {k.decode() for k in self.r.hkeys(keys.RunKeys(run_id).control)}
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def stage_records(self, run_id: str) -> list[dict]:
+        return [json.loads(x) for x in self.r.lrange(keys.RunKeys(run_id).stages, 0, -1)]
+
     # -- metrics -----------------------------------------------------------------------------
 
-    def append_metrics(self, run_id: str, record: dict) -> bool:
-        """Keep the step record in Redis and append it to the run's JSONL log — once per step
-        (a controller restarted between writing and moving on does not write it twice)."""
-        last = self.last_metrics(run_id)
-        if last is not None and last["step"] >= record["step"]:
-            return False
-        line = json.dumps(record, sort_keys=True)
-        self.r.rpush(keys.RunKeys(run_id).metrics, line)
-        path = self.run_dir(run_id) / "metrics.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(line + "\n")
-        return True
+    def metrics(self, run_id: str, since: int = 0, limit: int | None = None) -> list[dict]:
+        """Step records with step >= since (steps are 0, 1, 2, ... so index = step)."""
+        end = -1 if limit is None else since + limit - 1
+        return [json.loads(x) for x in self.r.lrange(keys.RunKeys(run_id).metrics, since, end)]
 
-    def metrics(self, run_id: str, since: int = 0) -> list[dict]:
-        """Step records with step >= since."""
-        rows = [json.loads(x) for x in self.r.lrange(keys.RunKeys(run_id).metrics, 0, -1)]
-        return [row for row in rows if row.get("step", 0) >= since]
+    def metrics_count(self, run_id: str) -> int:
+        return int(self.r.llen(keys.RunKeys(run_id).metrics))
 
     def last_metrics(self, run_id: str) -> dict | None:
         raw = self.r.lindex(keys.RunKeys(run_id).metrics, -1)
         return json.loads(raw) if raw else None
+
+    def sync_jsonl(self, run_id: str) -> int:
+        """Bring the run's metrics.jsonl up to the records in Redis (Redis is authoritative; the
+        file is appended after each step is committed there, and caught up after a restart).
+        Returns how many lines were written."""
+        path = self.run_dir(run_id) / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        have = 0
+        if path.exists():
+            with path.open("rb") as f:
+                have = sum(1 for line in f if line.strip())
+        missing = self.r.lrange(keys.RunKeys(run_id).metrics, have, -1)
+        if missing:
+            with path.open("a") as f:
+                f.writelines(x.decode() + "\n" for x in missing)
+        return len(missing)

@@ -25,7 +25,7 @@ import torch
 
 from magic.common import keys, metrics as m, modeling
 from magic.common.bus import ConsumerGroup, Entry, StepLedger, Stream
-from magic.common.config import LearnerSettings, RunSpec
+from magic.common.config import LearnerSettings, RunSpec, StageConfig
 from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
@@ -118,7 +118,7 @@ class LearnerWorker(Worker):
         k = self.step
         batch_complete_at = time.time()
         groups, entry_ids = self.ledger.pop(k)
-        _, stage = self.spec.stage_at(k)
+        stage = StageConfig.model_validate_json(self.r.hget(self.keys.step(k), "stage_config"))  # the controller's stage of step k
         t0 = time.perf_counter()
         record = self.trainer.train_step(groups[:expected], version=k, stage=stage)
         train_seconds = time.perf_counter() - t0

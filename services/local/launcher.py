@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 log = logging.getLogger("magic.local")
 
 
@@ -43,12 +41,15 @@ def _line(r: dict) -> str:
     )
 
 
+DATASET = "chain-sum"
+
+
 def build_spec(args: argparse.Namespace, demo) -> dict:
     common = {"rollout_batch_size": args.rollout_batch_size, "group_size": args.group_size, "temperature": args.temperature, "lr": args.lr}
     return {
         "name": args.run_name,
         "model": str(demo.model.resolve()),
-        "train_files": [str(demo.train.resolve())],
+        "datasets": [DATASET],
         "seed": args.seed,
         "stages": [
             {"name": "stage1", "steps": args.stage1_steps, "context_length": args.T1, **common},
@@ -67,16 +68,21 @@ def launch(args: argparse.Namespace) -> int:
     print("[1/5] preparing the tiny model and data (cached after the first run) ...", flush=True)
     demo = prepare(args.demo_dir, sft=SFTConfig(steps=args.sft_steps) if args.sft_steps else None)
     out = Path(args.out).resolve()
+    from magic.controller.client import ClientError
+
     try:
         return _run(args, demo, out, t_start)
-    except LaunchError as exc:
+    except (LaunchError, ClientError) as exc:
         print(f"\nmagic local failed: {exc}", file=sys.stderr, flush=True)
         return 1
 
 
 def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
+    import secrets
+
     import torch
 
+    from magic.controller.client import ClientError, ControllerClient
     from magic.local.redis_server import RedisServer, free_port
     from magic.local.supervisor import Supervisor
 
@@ -91,14 +97,15 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
     api_port = free_port()
     base_env = {"MAGIC_REDIS_URL": redis_server.url, "MAGIC_DATA_DIR": str(out / "data"), "MAGIC_LOG_LEVEL": "INFO"}
     sup = Supervisor(out / "logs", base_env)
+    token = secrets.token_urlsafe(24)  # the API is on loopback, but mutating calls still need it
     try:
-        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(api_port)})
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
         sup.start("learner", "magic.learner", {"MAGIC_TORCH_THREADS": "2"})
         for i in range(args.rollout_workers):
             sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_TORCH_THREADS": "2"})
         for i in range(args.reward_workers):
             sup.start(f"reward-{i}", "magic.reward", {"MAGIC_TORCH_THREADS": "1"})
-        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
+        api = ControllerClient(f"http://127.0.0.1:{api_port}", token, timeout=30)
         _wait_ready(api, sup)
 
         spec = build_spec(args, demo)
@@ -109,10 +116,11 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
             before = _evaluate(demo, None, args.eval_prompts, eval_kwargs)
             print(f"      before RL: accuracy {before.accuracy:.1%}  (truncated {before.truncated:.1%}, length {before.response_length:.1f})", flush=True)
 
-        resp = api.post("/v1/runs", json=spec)
-        if resp.status_code != 201:
-            raise LaunchError(f"the controller refused the run: {resp.status_code} {resp.text}")
-        total = resp.json()["total_steps"]
+        try:
+            api.register_dataset(DATASET, str(demo.train.resolve()))
+            total = api.create_run(spec)["total_steps"]
+        except ClientError as exc:
+            raise LaunchError(f"the controller refused the run: {exc}") from None
         print(f"[4/5] training: {total} on-policy steps over {len(spec['stages'])} stages", flush=True)
         records = _follow(api, sup, args.run_name, total, args.timeout)
 
@@ -149,15 +157,12 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
     return 0
 
 
-def _wait_ready(api: httpx.Client, sup, timeout: float = 120.0) -> None:
+def _wait_ready(api, sup, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _check_services(sup)
-        try:
-            if api.get("/readyz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if api.ready():
+            return
         time.sleep(0.2)
     raise LaunchError("the controller did not become ready within 120s; see logs/controller.log")
 
@@ -168,7 +173,7 @@ def _check_services(sup) -> None:
         raise LaunchError(f"service {dead.name} exited with code {dead.proc.returncode}; last lines of {dead.log_path}:\n{dead.log_tail()}")
 
 
-def _follow(api: httpx.Client, sup, run: str, total: int, timeout: float) -> list[dict]:
+def _follow(api, sup, run: str, total: int, timeout: float) -> list[dict]:
     """Show progress until the run ends; return its step records."""
     from tqdm import tqdm
 
@@ -177,12 +182,12 @@ def _follow(api: httpx.Client, sup, run: str, total: int, timeout: float) -> lis
     with tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stdout) as bar:
         while True:
             _check_services(sup)
-            new = api.get(f"/v1/runs/{run}/metrics", params={"since": len(records)}).json()
+            new = api.metrics(run, since=len(records))
             for r in new:
                 records.append(r)
                 bar.write(_line(r))
                 bar.update(1)
-            status = api.get(f"/v1/runs/{run}").json()
+            status = api.run(run)
             if status["status"] == "failed":
                 raise LaunchError(f"run failed: {status.get('error')}")
             if status["status"] in ("finished", "stopped") and len(records) >= status["step"]:

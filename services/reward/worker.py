@@ -86,7 +86,9 @@ class RewardWorker(Worker):
             out = pb.ScoredGroup(rollout=group, worker=self.name)
             out.scores.extend(next(scores) for _ in samples)
             pipe = self.r.pipeline(transaction=True)  # publish + ack atomically (same hash slot)
-            pipe.xadd(self.scored.key, codec.encode(out))
+            # difficulty-estimation groups go to the controller, never to the learner
+            target = self.keys.estimates if group.prompt.kind == pb.GROUP_KIND_ESTIMATE else self.scored.key
+            pipe.xadd(target, codec.encode(out))
             pipe.xack(self.rollouts.stream, GROUP, entry.id)
             pipe.execute()
             self.groups_scored += 1

@@ -8,6 +8,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GroupKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GROUP_KIND_TRAIN: _ClassVar[GroupKind]
+    GROUP_KIND_ESTIMATE: _ClassVar[GroupKind]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -23,6 +28,8 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_NO_ANSWER: _ClassVar[Verdict]
     VERDICT_TIMEOUT: _ClassVar[Verdict]
     VERDICT_ERROR: _ClassVar[Verdict]
+GROUP_KIND_TRAIN: GroupKind
+GROUP_KIND_ESTIMATE: GroupKind
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -57,7 +64,7 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PromptGroup(_message.Message):
-    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at")
+    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at", "kind")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +77,7 @@ class PromptGroup(_message.Message):
     PROMPT_UID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     group_id: str
     step: int
@@ -82,7 +90,8 @@ class PromptGroup(_message.Message):
     prompt_uid: str
     sampling: SamplingParams
     published_at: float
-    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ...) -> None: ...
+    kind: GroupKind
+    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ..., kind: _Optional[_Union[GroupKind, str]] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("response_ids", "logprobs", "finish_reason", "text", "policy_version")

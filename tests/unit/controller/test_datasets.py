@@ -54,3 +54,41 @@ def test_prompt_source_is_deterministic_and_covers_each_epoch(tmp_path):
     assert sorted(first_epoch) == sorted(r.uid for r in recs)
     assert [r.uid for r in a.take(7, 5)] == [r.uid for r in b.take(0, 12)][7:12]
     assert first_epoch != [r.uid for r in PromptSource(recs, seed=4).take(0, 10)]
+
+
+def test_parquet_records_and_summary(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from magic.common.config import DatasetSpec
+    from magic.controller.datasets import load_records, summarise
+
+    rows = [
+        {"prompt": [{"role": "user", "content": "1+1"}], "data_source": "math", "reward_model": {"ground_truth": "2"}, "extra_info": {"i": 0}},
+        {"prompt": [{"role": "user", "content": "print 3"}], "data_source": "code", "reward_model": {"ground_truth": "3"}, "extra_info": {"i": 1}},
+    ]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    recs = load_records(path, "ds")
+    assert [r.uid for r in recs] == ["ds:1", "ds:2"] and recs[1].data_source == "code"
+    info, _ = summarise(DatasetSpec(name="ds", path=str(path)))
+    assert info.format == "parquet" and info.records == 2 and info.data_sources == {"math": 1, "code": 1}
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DatasetError, match="format"):
+        load_records(tmp_path / "x.csv")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match="Parquet"):
+        load_records(tmp_path / "bad.parquet")
+
+
+def test_changed_file_is_refused_after_registration(tmp_path, r):
+    from magic.common.config import DatasetSpec
+    from magic.controller.datasets import DatasetRegistry
+
+    p = write(tmp_path, [{"prompt": "x", "reward_model": {"ground_truth": "1"}}])
+    reg = DatasetRegistry(r)
+    info, created = reg.register(DatasetSpec(name="d", path=str(p)))
+    assert created and reg.load("d")[0].uid == "d:1"
+    p.write_text(p.read_text() + json.dumps({"prompt": "y", "reward_model": {"ground_truth": "2"}}) + "\n")
+    with pytest.raises(DatasetError, match="changed since it was registered"):
+        reg.load("d")

@@ -1,0 +1,1 @@
+"""The controller's REST API, one router per resource (datasets, runs, stages, status)."""

@@ -1,0 +1,104 @@
+"""What every router shares: the controller object, the bearer-token check, error helpers."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from typing import Annotated
+
+import redis
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from magic.common.config import ControllerSettings, RunSpec
+from magic.controller.datasets import DatasetRegistry
+from magic.controller.driver import StepDriver
+from magic.controller.store import TERMINAL, RunStore
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    """Owns the Redis connection, the run store, the dataset registry and one step driver per active run."""
+
+    def __init__(self, settings: ControllerSettings, r: redis.Redis):
+        self.settings = settings
+        self.r = r
+        self.store = RunStore(r, settings.data_dir)
+        self.datasets = DatasetRegistry(r)
+        self.drivers: dict[str, StepDriver] = {}
+        self.lock = threading.Lock()  # serialises run creation and driver starts
+
+    def start_driver(self, run_id: str) -> None:
+        driver = self.drivers.get(run_id)
+        if driver is None or not driver.is_alive():
+            driver = StepDriver(self.r, run_id, self.settings, self.store)
+            self.drivers[run_id] = driver
+            driver.start()
+
+    def poke(self, run_id: str) -> None:
+        """Wake the run's driver so it reacts to a request at once."""
+        driver = self.drivers.get(run_id)
+        if driver is not None:
+            driver.wake.set()
+
+    def resume_active(self) -> None:
+        """After a restart: keep driving the active run where its persisted state says."""
+        run_id = self.store.active()
+        if run_id and self.store.status(run_id) not in TERMINAL and self.store.spec(run_id) is not None:
+            log.info("resuming run %s", run_id)
+            self.start_driver(run_id)
+
+    def shutdown(self) -> None:
+        for d in self.drivers.values():
+            d.shutdown.set()
+            d.wake.set()
+        for d in self.drivers.values():
+            d.join(timeout=5)
+
+
+def get_controller(request: Request) -> Controller:
+    return request.app.state.controller
+
+
+ControllerDep = Annotated[Controller, Depends(get_controller)]
+
+_bearer = HTTPBearer(auto_error=False, description="MAGIC_API_TOKEN of the controller")
+
+
+def require_token(
+    c: ControllerDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Every mutating endpoint: `Authorization: Bearer <MAGIC_API_TOKEN>` (no check when the
+    controller runs without a token, which it warns about at start)."""
+    token = c.settings.api_token
+    if token is None:
+        return
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(credentials.credentials.encode(), token.get_secret_value().encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "wrong bearer token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+        )
+
+
+Authorized = [Depends(require_token)]
+"""`dependencies=` of every mutating route."""
+
+
+def not_found(what: str, name: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"no {what} named {name!r}")
+
+
+def invalid(loc: list[str | int], msg: str, input: object = None) -> HTTPException:
+    """A 422 in FastAPI's own shape, naming the field (`loc`) and why (`msg`)."""
+    return HTTPException(422, [{"type": "value_error", "loc": ["body", *loc], "msg": msg, "input": input}])
+
+
+def spec_or_404(c: Controller, run_id: str) -> RunSpec:
+    spec = c.store.spec(run_id)
+    if spec is None:
+        raise not_found("run", run_id)
+    return spec
