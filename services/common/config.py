@@ -290,6 +290,20 @@ class LearnerSettings(ServiceSettings):
     """Published weight versions kept on disk; older ones are deleted."""
     weight_transport: WeightTransport = Field(default_factory=FilesystemTransportConfig)
     """How new weights reach the rollout workers; must match theirs."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend: "torch" (one process, CPU or one GPU) or "deepspeed" (ZeRO across the
+    processes a launcher started: `deepspeed`, `torchrun`; RANK / WORLD_SIZE from the environment)."""
+    zero_stage: int = Field(default=2, ge=1, le=3)
+    """ZeRO stage of the deepspeed backend (1: optimizer state, 2: + gradients, 3: + parameters partitioned)."""
+    logprob_chunk_size: int = Field(default=1024, ge=1)
+    """Positions whose vocabulary logits are materialised at once when computing log-probs and entropy."""
+    checkpoint_every: int = Field(default=1, ge=0)
+    """Write a checkpoint (HF weights, optimizer, entropy-controller state) every this many steps;
+    0 disables checkpoints (a restarted learner then resumes from the published weights with a fresh optimizer)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+    dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +356,12 @@ class EntropyControl(BaseModel):
     coef: float = Field(default=0.0, ge=0)
     """Constant coefficient when `adaptive` is False (0 disables the entropy bonus)."""
 
+    @model_validator(mode="after")
+    def _bounds(self) -> "EntropyControl":
+        if self.coef_min > self.coef_max:
+            raise ValueError(f"entropy.coef_min ({self.coef_min}) must not exceed entropy.coef_max ({self.coef_max})")
+        return self
+
 
 class StageConfig(BaseModel):
     """One training stage: a context length T and the batch settings used until its end condition."""
@@ -382,6 +402,26 @@ class StageConfig(BaseModel):
     """Entropy bonus alpha_k * H (§3.2.5)."""
     kl_coef: float = Field(default=0.0, ge=0, validation_alias=_alias("kl_coef", "beta"))
     """beta: weight of the k3 KL to the reference (initial) policy (§3.2.6); 0 in the recipe."""
+
+    @model_validator(mode="after")
+    def _mini_batches(self) -> "StageConfig":
+        d_t = self.train_batch_size
+        if d_t is not None and (d_t > self.rollout_batch_size or self.rollout_batch_size % d_t):
+            raise ValueError(
+                f"train_batch_size (D_T = {d_t}) must divide rollout_batch_size (D_R = {self.rollout_batch_size}): "
+                "N_SGD = D_R / D_T * N_reuse mini-batches per step (eq. 4.1)"
+            )
+        return self
+
+    @property
+    def n_minibatches(self) -> int:
+        """D_R / D_T: SGD mini-batches per pass over the rollout batch."""
+        return self.rollout_batch_size // (self.train_batch_size or self.rollout_batch_size)
+
+    @property
+    def n_sgd(self) -> int:
+        """N_SGD = D_R / D_T * N_reuse (paper eq. 4.1); 1 is the on-policy case."""
+        return self.n_minibatches * self.reuse
 
 
 class OptimConfig(BaseModel):
