@@ -128,6 +128,10 @@ def init_distributed(device: torch.device, timeout_seconds: float) -> tuple[int,
 
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cpu":
+            # DeepSpeed JIT-compiles a shared-memory all-reduce kernel for CPU ranks on first use
+            # (minutes, with a compiler); gloo's own all-reduce is enough for CPU runs.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_seconds))
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 

@@ -233,14 +233,16 @@ class Trainer:
         return mine + [[] for _ in range(n - len(mine))]
 
     @torch.no_grad()
-    def _measure(self, seqs: list[Sequence], stage: StageConfig, old: bool, ref: bool) -> tuple[float, dict[str, float]]:
+    def _measure(self, minibatches: list[list[Sequence]], stage: StageConfig, old: bool, ref: bool) -> tuple[float, dict[str, float]]:
         """The no-grad pass over the whole trained batch: fills old / ref log-probs; returns the
-        entropy sum of pi_k over the batch's response tokens (all ranks) and rollout-vs-learner figures."""
+        entropy sum of pi_k over the batch's response tokens (all ranks) and rollout-vs-learner figures.
+        Each rank handles the same share of each mini-batch as in the SGD steps (it keeps the
+        old / ref log-probs of exactly the sequences it will train on)."""
         from magic.common import modeling
 
         self.backend.train(False)
         ent = torch.zeros(3, dtype=torch.float64, device=self.device)  # entropy sum, kl_rollout sum, max |diff|
-        for mb in self._local_micro_batches(seqs):
+        for mb in (m for batch in minibatches for m in self._local_micro_batches(batch)):
             t = collate(mb, self.pad_id, self.device)
             logp, entropy = self.backend.forward(t["input_ids"], t["attention_mask"], stage.temperature)
             mask = t["response_mask"]
@@ -331,8 +333,9 @@ class Trainer:
             raise RuntimeError("kl_coef > 0 needs a reference policy; the learner loads one when a stage sets beta")
         entropy_k: float | None = None
         t0 = time.perf_counter()
+        minibatches = split_minibatches(kept, stage.n_minibatches)
         if not on_policy or use_ref or need_gate_first:
-            ent_sum, rollout_figs = self._measure(all_seqs, stage, old=not on_policy, ref=use_ref)
+            ent_sum, rollout_figs = self._measure(minibatches, stage, old=not on_policy, ref=use_ref)
             entropy_k = ent_sum / total_tokens
             metrics.update(kl_rollout=rollout_figs["kl_rollout"] / total_tokens, rollout_logprob_diff_max=rollout_figs["rollout_logprob_diff_max"])
         metrics["measure_seconds"] = time.perf_counter() - t0
@@ -349,7 +352,7 @@ class Trainer:
         tokens_seen = 0
         first_entropy = None
         for _ in range(stage.reuse):
-            for mb in split_minibatches(kept, stage.n_minibatches):
+            for mb in minibatches:
                 sums, grad_norm, n_tok = self._sgd_step(mb, stage, alpha, on_policy)
                 if first_entropy is None:
                     first_entropy = sums["entropy"] / n_tok
