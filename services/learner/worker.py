@@ -122,6 +122,9 @@ class LearnerWorker(Worker):
             coef = r.hget(self.keys.learner_state, "entropy_coef")
             self.trainer.controller.coef = float(coef) if coef is not None else 0.0
             self.trainer.controller.step = self.step
+        if self.step < self.spec.total_steps:  # the stage's entropy settings are known before its first step
+            ent = self.spec.stage_at(self.step)[1].entropy
+            m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.coef if ent.adaptive else ent.coef})
         if self.version not in {u.version for _, u in self.weights.read_after("0", pb.WeightUpdate)}:
             self.publish()
 
