@@ -78,3 +78,56 @@ def test_deepspeed_ranks_match_a_single_process(tiny_model_dir, tmp_path, single
     reloaded = modeling.export_state_dict(modeling.load_model(ckpt))
     for k, v in got["state"].items():
         assert torch.equal(reloaded[k], v), k
+
+
+@pytest.mark.integration
+def test_the_learner_service_trains_on_two_deepspeed_ranks(r, redis_server, tiny_model_dir, tmp_path, single_process):
+    """`python -m magic.learner` on 2 ranks: rank 0 reads the stream and broadcasts each step to
+    rank 1; the step records equal a single process's; both ranks stop cleanly."""
+    import time
+
+    from magic.common import keys
+    from magic.common.bus import Stream
+    from magic.common.config import RunSpec
+    from magic.common.pb import messages_pb2 as pb
+
+    run_id = "ranks"
+    spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[stage(steps=2)])
+    k = keys.RunKeys(run_id)
+    r.set(k.spec, spec.model_dump_json())
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    for step in range(2):
+        r.hset(k.step(step), "expected", 4)
+        for g in scored_groups(step, 4, 4, vocab, seed=3):
+            Stream(r, k.scored).add(g)
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MAGIC_BACKEND="deepspeed", MAGIC_ZERO_STAGE="3", MAGIC_REDIS_URL=redis_server.url,
+                   MAGIC_DATA_DIR=str(tmp_path), MAGIC_MICRO_BATCH_TOKENS="64", MAGIC_LOGPROB_CHUNK_SIZE="5", MAGIC_TORCH_THREADS="1",
+                   MAGIC_WORKER_NAME=f"learner-{rank}")
+        procs.append(subprocess.Popen([sys.executable, "-m", "magic.learner"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        r.set(keys.ACTIVE_RUN, run_id)
+        deadline = time.monotonic() + 120
+        done: list = []
+        while time.monotonic() < deadline and len(done) < 2:
+            assert all(p.poll() is None for p in procs), [p.communicate()[0][-3000:] for p in procs]
+            done = [e.step_completed for _, e in Stream(r, k.events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
+            time.sleep(0.2)
+        assert len(done) == 2, "the learner did not train both steps"
+        r.delete(keys.ACTIVE_RUN)  # the run ends: rank 0 detaches and tells rank 1
+        time.sleep(1.5)
+        procs[0].terminate()
+        logs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [x[-3000:] for x in logs]
+    ref_records, _ = single_process
+    for a, b in zip(ref_records, done):
+        for key in KEYS:
+            assert b.metrics[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert (tmp_path / "runs" / run_id / "checkpoints" / "step-00000001" / "COMPLETE").exists()
