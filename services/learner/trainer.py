@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from magic.common import modeling
 from magic.common.config import OptimConfig, StageConfig
 from magic.common.pb import messages_pb2 as pb
 from magic.learner import core_algos
@@ -238,8 +239,6 @@ class Trainer:
         entropy sum of pi_k over the batch's response tokens (all ranks) and rollout-vs-learner figures.
         Each rank handles the same share of each mini-batch as in the SGD steps (it keeps the
         old / ref log-probs of exactly the sequences it will train on)."""
-        from magic.common import modeling
-
         self.backend.train(False)
         ent = torch.zeros(3, dtype=torch.float64, device=self.device)  # entropy sum, kl_rollout sum, max |diff|
         for mb in (m for batch in minibatches for m in self._local_micro_batches(batch)):
