@@ -299,6 +299,20 @@ class LearnerSettings(ServiceSettings):
     """Published weight versions kept on disk; older ones are deleted."""
     weight_transport: WeightTransport = Field(default_factory=FilesystemTransportConfig)
     """How new weights reach the rollout workers; must match theirs."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend: "torch" (one process, CPU or one GPU) or "deepspeed" (ZeRO across the
+    processes a launcher started: `deepspeed`, `torchrun`; RANK / WORLD_SIZE from the environment)."""
+    zero_stage: int = Field(default=2, ge=1, le=3)
+    """ZeRO stage of the deepspeed backend (1: optimizer state, 2: + gradients, 3: + parameters partitioned)."""
+    logprob_chunk_size: int = Field(default=1024, ge=1)
+    """Positions whose vocabulary logits are materialised at once when computing log-probs and entropy."""
+    checkpoint_every: int = Field(default=1, ge=0)
+    """Write a checkpoint (HF weights, optimizer, entropy-controller state) every this many steps;
+    0 disables checkpoints (a restarted learner then resumes from the published weights with a fresh optimizer)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+    dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,6 +364,12 @@ class EntropyControl(BaseModel):
     """Upper bound of c_k."""
     coef: float = Field(default=0.0, ge=0)
     """Constant coefficient when `adaptive` is False (0 disables the entropy bonus)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "EntropyControl":
+        if self.coef_min > self.coef_max:
+            raise ValueError(f"entropy.coef_min ({self.coef_min}) must not exceed entropy.coef_max ({self.coef_max})")
+        return self
 
 
 class PlateauRule(BaseModel):
@@ -451,17 +471,15 @@ class StageConfig(BaseModel):
             raise ValueError(f"plateau.window = {v.window} needs 2 * window <= steps = {steps} steps to compare two windows")
         return v
 
-    @field_validator("entropy")
-    @classmethod
-    def _coef_bounds(cls, v: EntropyControl) -> EntropyControl:
-        if v.coef_min > v.coef_max:
-            raise ValueError(f"entropy.coef_min = {v.coef_min} is above entropy.coef_max = {v.coef_max}")
-        return v
+    @property
+    def n_minibatches(self) -> int:
+        """D_R / D_T: SGD mini-batches per pass over the rollout batch."""
+        return self.rollout_batch_size // (self.train_batch_size or self.rollout_batch_size)
 
     @property
-    def sgd_steps(self) -> int:
-        """N_SGD = D_R / D_T * N_reuse (eq. 4.1)."""
-        return self.rollout_batch_size // (self.train_batch_size or self.rollout_batch_size) * self.reuse
+    def n_sgd(self) -> int:
+        """N_SGD = D_R / D_T * N_reuse (paper eq. 4.1); 1 is the on-policy case."""
+        return self.n_minibatches * self.reuse
 
 
 class OptimConfig(BaseModel):

@@ -26,10 +26,18 @@ PG_CLIPFRAC = Gauge("magic_pg_clipfrac", "Fraction of response tokens whose rati
 REWARD_MEAN = Gauge("magic_reward_mean", "Mean reward of the rollout batch")
 ACCURACY = Gauge("magic_accuracy", "Fraction of correct responses in the rollout batch", ["subset"])
 RESPONSE_LENGTH = Gauge("magic_response_length_tokens", "Mean response length of the rollout batch (tokens)")
-KL = Gauge("magic_kl", "Per-token KL estimates: kind=old (sampling policy vs updated policy), kind=ref (to the reference policy)", ["kind"])
+KL = Gauge(
+    "magic_kl",
+    "Per-token k3 KL estimates: kind=old (pi_old vs the policy being updated, over the SGD steps), kind=ref (to the reference policy), "
+    "kind=rollout (the sampler's log-probs vs the learner's for the same policy version)",
+    ["kind"],
+)
 ENTROPY_TARGET = Gauge("magic_entropy_target", "Target entropy tgt_ent of adaptive entropy control (nats/token)")
 ENTROPY_COEF = Gauge("magic_entropy_coef", "Adaptive entropy coefficient c_k")
 ENTROPY_BONUS_ACTIVE = Gauge("magic_entropy_bonus_active", "1 if the entropy bonus was applied this step (e_k <= tgt_ent), else 0")
+ENTROPY_ALPHA = Gauge("magic_entropy_alpha", "Entropy-bonus weight alpha_k = c_k * 1{e_k <= tgt_ent} applied this step")
+ADVANTAGE = Gauge("magic_advantage", "Advantages of the trained samples: stat=mean|std|abs_max", ["stat"])
+SGD_STEPS = Gauge("magic_sgd_steps", "Optimizer steps of the last on-policy step (N_SGD = D_R / D_T * N_reuse)")
 ZERO_ADV_GROUP_RATIO = Gauge("magic_zero_adv_group_ratio", "Fraction of groups whose advantages are all zero (rejected)")
 GRAD_NORM = Gauge("magic_grad_norm", "Global gradient L2 norm before clipping")
 PG_LOSS = Gauge("magic_pg_loss", "Policy-gradient loss of the last step")
@@ -47,6 +55,12 @@ STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
     "response_length_mean": (RESPONSE_LENGTH, {}),
     "kl_old": (KL, {"kind": "old"}),
     "kl_ref": (KL, {"kind": "ref"}),
+    "kl_rollout": (KL, {"kind": "rollout"}),
+    "entropy_alpha": (ENTROPY_ALPHA, {}),
+    "advantage_mean": (ADVANTAGE, {"stat": "mean"}),
+    "advantage_std": (ADVANTAGE, {"stat": "std"}),
+    "advantage_abs_max": (ADVANTAGE, {"stat": "abs_max"}),
+    "sgd_steps": (SGD_STEPS, {}),
     "entropy_target": (ENTROPY_TARGET, {}),
     "entropy_coef": (ENTROPY_COEF, {}),
     "entropy_bonus_active": (ENTROPY_BONUS_ACTIVE, {}),

@@ -1,22 +1,29 @@
-"""The algorithm as small pure functions over tensors: advantages and the policy loss.
+"""The algorithm as small pure functions over tensors: advantages, masks, the MAGIC loss, entropy control.
 
 Each function names the paper equation it implements (Skywork-OR1, arXiv 2505.22312) and the
-shapes it takes. Variants are registered by name; registering a name twice is an error.
+shapes it takes. Advantage estimators are registered by name; registering a name twice is an
+error. verl's `trainer/ppo/core_algos.py` is the numerical reference where it agrees with the
+paper; where it does not, the paper wins and the docstring says so.
 
-Token-level mean: the policy loss is a *sum* over response tokens divided by a token count the
-caller passes in (`num_tokens`), the count of all response tokens in the whole training batch.
-Summing the micro-batch losses computed this way gives exactly the batch mean, however the batch
-is split — unlike a per-micro-batch mean.
+Token-level mean over the whole training batch: every loss here is a *sum* over response tokens
+divided by a token count the caller passes in (`num_tokens` = T_k of eq. 3.1, the count of all
+response tokens of the SGD mini-batch across micro-batches and data-parallel ranks). Summing the
+micro-batch losses computed this way gives exactly the batch mean, however the batch is split —
+unlike the per-micro-batch mean of verl's and Skywork-OR1's released code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 _ADVANTAGES: dict[str, AdvantageFn] = {}
+
+EPS = 1e-6
+"""Added to a standard deviation before dividing by it (verl's `epsilon`)."""
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
@@ -36,28 +43,148 @@ def get_advantage(name: str) -> AdvantageFn:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(_ADVANTAGES)}") from None
 
 
+# -- statistics over masked groups ------------------------------------------------------------
+
+
+def _check(rewards: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (groups, group_size), got shape {tuple(rewards.shape)}")
+    if mask is None:
+        return torch.ones_like(rewards, dtype=torch.bool)
+    if mask.shape != rewards.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} differs from rewards shape {tuple(rewards.shape)}")
+    return mask.bool()
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    m = mask.to(x.dtype)
+    n = m.sum() if dim is None else m.sum(dim=dim, keepdim=True)
+    s = (x * m).sum() if dim is None else (x * m).sum(dim=dim, keepdim=True)
+    return s / n.clamp(min=1), n
+
+
+def _masked_std(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unbiased (n - 1) standard deviation over the masked entries (torch.std's default, as verl)."""
+    mean, n = _masked_mean(x, mask, dim)
+    sq = ((x - mean) ** 2) * mask.to(x.dtype)
+    ss = sq.sum() if dim is None else sq.sum(dim=dim, keepdim=True)
+    return (ss / (n - 1).clamp(min=1)).sqrt(), n
+
+
+def _finish(adv: torch.Tensor, mask: torch.Tensor, enough: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Zero the advantages of samples outside the statistics and of groups with fewer than 2 counted samples."""
+    adv = torch.where(mask & enough, adv, torch.zeros_like(adv))
+    counted = adv[mask] if bool(mask.any()) else adv.new_zeros(1)
+    return adv, {
+        "advantage_mean": counted.mean().item(),
+        "advantage_std": counted.std().item() if counted.numel() > 1 else 0.0,
+        "advantage_abs_max": counted.abs().max().item(),
+    }
+
+
 @register_advantage("grpo")
-def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO group-normalised advantages (paper eq. 2.5).
+def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None, eps: float = EPS) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO group normalisation (paper eq. 2.5): A_ij = (r_ij - mean_j r_ij) / (std_j r_ij + eps).
 
-    A_ij = (r_ij - mean_j r_ij) / (std_j r_ij + eps), with the unbiased standard deviation over
-    the gs samples of group i (as verl's `compute_grpo_outcome_advantage`).
-
-    rewards: (G, gs) scalar reward per sample. Returns advantages (G, gs), constant over the
-    tokens of each response, and metrics.
+    The std is the unbiased one over the group's samples, eps = 1e-6 (verl's
+    `compute_grpo_outcome_advantage`). rewards: (G, gs); mask: (G, gs) bool, the samples that
+    enter the group statistics (the others get advantage 0; see `truncation_mask`). A group with
+    fewer than 2 counted samples has no relative signal and gets 0 (verl would use mean 0, std 1
+    for a group of one). Returns advantages (G, gs), constant over each response's tokens.
     """
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=True)
-    adv = (rewards - mean) / (std + eps)
-    return adv, {"advantage_mean": adv.mean().item(), "advantage_abs_max": adv.abs().max().item()}
+    mask = _check(rewards, mask)
+    mean, n = _masked_mean(rewards, mask, dim=1)
+    std, _ = _masked_std(rewards, mask, dim=1)
+    return _finish((rewards - mean) / (std + eps), mask, n >= 2)
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dr.GRPO (Liu et al. 2025): A_ij = r_ij - mean_j r_ij, no division by the group std
+    (verl's GRPO with `norm_adv_by_std_in_grpo=False`). Shapes as `grpo_advantages`."""
+    mask = _check(rewards, mask)
+    mean, n = _masked_mean(rewards, mask, dim=1)
+    return _finish(rewards - mean, mask, n >= 2)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """RLOO (Ahmadian et al. 2024): A_ij = r_ij - mean of the group's *other* samples
+    = n/(n-1) * (r_ij - mean_j r_ij) (verl's `compute_rloo_outcome_advantage`). Shapes as `grpo_advantages`."""
+    mask = _check(rewards, mask)
+    mean, n = _masked_mean(rewards, mask, dim=1)
+    return _finish((rewards - mean) * n / (n - 1).clamp(min=1), mask, n >= 2)
+
+
+@register_advantage("batch")
+def batch_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None, eps: float = EPS) -> tuple[torch.Tensor, dict[str, float]]:
+    """Batch-level normalisation (REINFORCE++-style): A_ij = (r_ij - mean(r)) / (std(r) + eps), mean and
+    unbiased std over every counted sample of the rollout batch. Shapes as `grpo_advantages`."""
+    mask = _check(rewards, mask)
+    mean, n = _masked_mean(rewards, mask, dim=None)
+    std, _ = _masked_std(rewards, mask, dim=None)
+    enough = torch.full_like(mask, bool(n >= 2))
+    return _finish((rewards - mean) / (std + eps), mask, enough)
+
+
+@register_advantage("lite_ppo")
+def lite_ppo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None, eps: float = EPS) -> tuple[torch.Tensor, dict[str, float]]:
+    """LitePPO (Liu et al. 2025, "Tricks or Traps"): group mean, batch std —
+    A_ij = (r_ij - mean_j r_ij) / (std(r) + eps), the unbiased std of the rewards over every counted
+    sample of the rollout batch. Shapes as `grpo_advantages`."""
+    mask = _check(rewards, mask)
+    mean, n = _masked_mean(rewards, mask, dim=1)
+    std, _ = _masked_std(rewards, mask, dim=None)
+    return _finish((rewards - mean) / (std + eps), mask, n >= 2)
+
+
+def truncation_mask(strategy: str, truncated: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantage mask for truncated responses (paper §3.2.3).
+
+    truncated: (G, gs) bool, responses cut at the context length T; valid: (G, gs) bool, real
+    samples (False on padding of ragged groups). Returns (stats_mask, keep):
+      - `none`:   truncated responses are ordinary samples (reward 0, so usually a negative advantage);
+      - `before`: Adv-Mask-Before — truncated responses are left out of the group statistics and
+                  get advantage 0 (mean/std over the group's non-truncated rewards R̂_i);
+      - `after`:  Adv-Mask-After — truncated responses count in the statistics (mean/std over R_i),
+                  then get advantage 0.
+    Compute advantages with `stats_mask`, then multiply by `keep`.
+    """
+    valid = torch.ones_like(truncated, dtype=torch.bool) if valid is None else valid.bool()
+    truncated = truncated.bool() & valid
+    if strategy == "none":
+        return valid, valid
+    if strategy == "before":
+        return valid & ~truncated, valid & ~truncated
+    if strategy == "after":
+        return valid, valid & ~truncated
+    raise ValueError(f"unknown advantage mask {strategy!r}; known: none, before, after")
+
+
+def compute_advantages(
+    estimator: str, rewards: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor | None = None, mask_strategy: str = "none"
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages (G, gs) of a rollout batch: the estimator over the statistics mask, then the truncation mask."""
+    stats_mask, keep = truncation_mask(mask_strategy, truncated, valid)
+    adv, metrics = get_advantage(estimator)(rewards, stats_mask)
+    return adv * keep.to(adv.dtype), metrics
 
 
 def zero_advantage_groups(adv: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
-    """Groups whose advantages are all zero (every sample got the same reward): (G,) bool.
-
-    Rejection sampling drops them: they carry no policy-gradient signal.
-    """
+    """Groups whose advantages are all zero: (G,) bool. Rejection sampling (paper §3.1, below eq. 2.5)
+    drops them: they carry no policy-gradient signal but would still weigh in the entropy/KL terms."""
     return (adv.abs() <= atol).all(dim=1)
+
+
+# -- the loss (eq. 3.1 with §3.2.6's k3 term) -------------------------------------------------
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Token-level k3 estimator of KL(pi_theta || pi_ref) (paper §3.2.6, Schulman's k3):
+    pi_ref/pi_theta - log(pi_ref/pi_theta) - 1 >= 0, elementwise on (B, L). verl's `low_var_kl`
+    also clamps it to [-10, 10]; the paper does not, nor do we."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
 
 
 def ppo_clip_loss(
@@ -68,28 +195,128 @@ def ppo_clip_loss(
     num_tokens: int | float,
     clip_low: float,
     clip_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-level PPO clipped policy loss with clip-higher (paper eq. 3.1, without entropy/KL terms).
+    """Token-level PPO clipped policy loss with clip-higher (the first term of paper eq. 3.1).
 
-    L = -(1/N) * sum_{tokens} min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A),
-    rho = exp(logp - old_logp), N = `num_tokens` (all response tokens of the training batch).
+    L = -(1/N) * sum_tokens min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A),
+    rho = exp(logp - old_logp), N = `num_tokens` (all response tokens of the SGD mini-batch).
+    Dual clip (Ye et al. 2020, verl's `clip_ratio_c`): for A < 0 the per-token loss is capped at
+    -dual_clip * A.
 
     logp, old_logp: (B, L) log-probabilities of the taken tokens; advantages: (B, L) or (B, 1);
     mask: (B, L) 1 on response tokens. Returns the loss (this micro-batch's share of the batch
-    mean) and metric *sums* over the micro-batch (divide by N after accumulating): clipped-token
-    counts on each side.
+    mean) and metric *sums* over the micro-batch's tokens (divide by N after accumulating):
+    tokens clipped on the high side (rho > 1 + clip_high, A > 0), the low side (rho < 1 - clip_low,
+    A < 0), by the dual clip, and the k3 estimate of KL(pi_old || pi_theta).
     """
     mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if dual_clip is not None:
+        cap = -advantages * dual_clip
+        dual = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, cap), per_token)
     loss = (per_token * mask).sum() / num_tokens
     with torch.no_grad():
-        high = ((ratio > 1.0 + clip_high) & (advantages > 0)).to(logp.dtype)
-        low = ((ratio < 1.0 - clip_low) & (advantages < 0)).to(logp.dtype)
+        adv = advantages.expand_as(ratio)
         sums = {
-            "pg_clipfrac_high": (high * mask).sum(),
-            "pg_clipfrac_low": (low * mask).sum(),
+            "pg_clipfrac_high": (((ratio > 1.0 + clip_high) & (adv > 0)).to(logp.dtype) * mask).sum(),
+            "pg_clipfrac_low": (((ratio < 1.0 - clip_low) & (adv < 0)).to(logp.dtype) * mask).sum(),
+            "pg_clipfrac_dual": (dual.to(logp.dtype) * mask).sum(),
+            "kl_old": (k3_kl(logp.detach(), old_logp) * mask).sum(),
         }
     return loss, sums
+
+
+def magic_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: int | float,
+    *,
+    clip_low: float,
+    clip_high: float,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The MAGIC objective (paper eq. 3.1 plus the k3 term of §3.2.6), token-level over the batch:
+
+        L = -(1/T_k) sum_tokens [ min(rho A, clip(rho) A) + alpha_k H ] + (beta/T_k) sum_tokens k3(pi_theta, pi_ref)
+
+    entropy: (B, L) full-vocabulary entropy of pi_theta at each position (needed when
+    entropy_coef = alpha_k > 0); ref_logp: (B, L) reference log-probs (needed when kl_coef = beta > 0).
+    Returns this micro-batch's share of the loss and metric sums over its tokens (see
+    `ppo_clip_loss`, plus `loss`, `pg_loss`, `entropy` and `kl_ref`).
+    """
+    loss, sums = ppo_clip_loss(logp, old_logp, advantages, mask, num_tokens, clip_low, clip_high, dual_clip)
+    m = mask.to(logp.dtype)
+    sums["pg_loss"] = loss.detach() * num_tokens
+    if entropy is not None:
+        ent_sum = (entropy * m).sum()
+        sums["entropy"] = ent_sum.detach()
+        if entropy_coef:
+            loss = loss - entropy_coef * ent_sum / num_tokens
+    elif entropy_coef:
+        raise ValueError("an entropy coefficient needs the entropy")
+    if kl_coef:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs the reference log-probs")
+        kl_sum = (k3_kl(logp, ref_logp) * m).sum()
+        sums["kl_ref"] = kl_sum.detach()
+        loss = loss + kl_coef * kl_sum / num_tokens
+    elif ref_logp is not None:
+        sums["kl_ref"] = (k3_kl(logp.detach(), ref_logp) * m).sum()
+    sums["loss"] = loss.detach() * num_tokens
+    return loss, sums
+
+
+# -- adaptive entropy control (§3.2.5) --------------------------------------------------------
+
+
+@dataclass
+class EntropyController:
+    """Adaptive entropy control (paper §3.2.5):
+
+        alpha_k = c_k * 1{e_k <= tgt_ent},  c_{k+1} = c_k + Delta if e_k < tgt_ent,
+                                                     c_k - Delta if e_k > tgt_ent,  c_0 = 0,
+
+    c kept within [coef_min, coef_max]; at e_k = tgt_ent the bonus is on and c stays. With
+    `adaptive=False` alpha_k = `coef` at every step. The state is `coef` (c_k) and `step`.
+    """
+
+    coef: float = 0.0
+    step: int = 0
+
+    @staticmethod
+    def alpha(c: float, entropy: float, target: float, adaptive: bool, const: float) -> tuple[float, bool]:
+        """alpha_k and the gate 1{e_k <= tgt_ent} for entropy e_k (the gate is always on when not adaptive)."""
+        if not adaptive:
+            return const, True
+        gate = entropy <= target
+        return (c if gate else 0.0), gate
+
+    def update(self, entropy: float, target: float, delta: float, lo: float, hi: float) -> float:
+        """c_{k+1} from e_k; returns the new coefficient."""
+        if entropy < target:
+            self.coef += delta
+        elif entropy > target:
+            self.coef -= delta
+        self.coef = min(max(self.coef, lo), hi)
+        self.step += 1
+        return self.coef
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = float(state["coef"])
+        self.step = int(state["step"])

@@ -1,11 +1,12 @@
 """The learner worker: collects each on-policy step's scored groups, trains, publishes weights.
 
-    attach: load the policy (the newest published version if the run already progressed)
-            and publish it if the rollout workers have not got it yet
+    attach: load the policy — the latest checkpoint if the run already progressed (weights,
+            optimizer, entropy controller), else the run's initial model — and publish it if
+            the rollout workers have not got it yet
     loop:
         pull scored groups into the step ledger (each group id counted once)
         when step k has all its D_R groups:
-            train on them (trainer.train_step)
+            train on them (trainer.train_step), checkpoint every `checkpoint_every` steps
             publish version k + 1, record the step as trained
             acknowledge every entry of step k, announce StepCompleted(k)
 
@@ -13,12 +14,20 @@ Scored entries stay unacknowledged until their step is trained and the new weigh
 published, so a learner that dies mid-step gets them back (its own pending entries, or a new
 learner reclaims them once the old heartbeat expires) and never trains a step twice: entries of
 steps already trained are acknowledged and dropped.
+
+Several ranks (backend "deepspeed", started by `deepspeed`/`torchrun`): rank 0 alone talks to
+Redis, runs this worker and *broadcasts* each collective operation — attach, train a step
+(with the step's groups as serialized protobufs), publish, checkpoint, detach — to the other
+ranks, which run `follow()`: they hold the same model and execute the same operation. Every rank
+thus sees the whole batch, takes its share of sequences (trainer.shard) and sums its
+gradients, entropy and token counts with the others.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import redis
 import torch
@@ -30,7 +39,8 @@ from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
 from magic.common.weights import make_sender
-from magic.learner.trainer import Trainer
+from magic.learner import backends
+from magic.learner.trainer import Trainer, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +48,43 @@ SERVICE = "learner"
 GROUP = "learner"
 
 
-def run_dir(settings: LearnerSettings, run_id: str):
+def run_dir(settings: LearnerSettings, run_id: str) -> Path:
     return settings.data_dir / "runs" / run_id
+
+
+def checkpoint_root(settings: LearnerSettings, run_id: str) -> Path:
+    return run_dir(settings, run_id) / "checkpoints"
+
+
+def _device(settings: LearnerSettings) -> torch.device:
+    device = torch.device(settings.device)
+    if device.type == "cuda" and device.index is None and settings.backend == "deepspeed":
+        import os
+
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> Trainer:
+    """The policy from `model_dir` (HF format) on this rank's backend, and the reference policy
+    (the run's initial model) when a stage sets kl_coef > 0."""
+    device = _device(settings)
+    tokenizer = modeling.load_tokenizer(spec.model)
+    model = modeling.load_model(model_dir, device)
+    if settings.backend == "deepspeed":
+        backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size)
+    else:
+        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size)
+    reference = None
+    if any(s.kl_coef > 0 for s in spec.stages):
+        reference = modeling.load_model(spec.model, device).requires_grad_(False)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, reference=reference, chunk_size=settings.logprob_chunk_size)
+
+
+def _broadcast(command: tuple) -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list([command], src=0)
 
 
 class LearnerWorker(Worker):
@@ -50,38 +95,57 @@ class LearnerWorker(Worker):
         self.keys = keys.RunKeys(run_id)
         self.name = settings.worker_name
         self.spec = RunSpec.model_validate_json(r.get(self.keys.spec))
-        self.device = torch.device(settings.device)
         self.scored = ConsumerGroup(r, self.keys.scored, GROUP, self.name, dead_stream=self.keys.dead, max_deliveries=settings.max_deliveries)
         self.scored.ensure()
         self.weights = Stream(r, self.keys.weights)
         self.events = Stream(r, self.keys.events)
         self.ledger: StepLedger[pb.ScoredGroup] = StepLedger()
         self._last_reclaim = 0.0
+        self.ckpt_root = checkpoint_root(settings, run_id)
 
         last = r.hget(self.keys.learner_state, "last_step")
         self.step = int(last) + 1 if last is not None else 0  # the next step to train
         self.version = self.step  # on-policy: version k is the policy after k steps
-        tokenizer = modeling.load_tokenizer(self.spec.model)
-        model = modeling.load_model(self.spec.model, self.device)
         self.weight_sender = make_sender(
             settings.weight_transport,
             r=r,
             run_id=run_id,
             root=run_dir(settings, run_id) / "weights",
             stream=self.weights,
-            config_json=model.config.to_json_string(),
+            config_json=modeling.load_model_config(self.spec.model).to_json_string(),
             keep=settings.keep_weight_versions,
         )
-        if self.version > 0:
-            published = self.weights.last(pb.WeightUpdate)
-            if published is None or published[1].version != self.version:
-                raise RuntimeError(f"run {run_id}: the learner trained step {self.step - 1} but weights v{self.version} are not announced")
-            modeling.load_state_dict(model, self.weight_sender.load_version(self.version))
-            log.warning("resuming at step %d from weights v%d (optimizer state restarts)", self.step, self.version)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.trainer = Trainer(model, self.spec.optim, pad, self.device, settings.micro_batch_tokens)
+        model_dir, ckpt = self._resume_source()
+        _broadcast(("attach", self.run_id, self.spec.model_dump_json(), model_dir, str(ckpt) if ckpt else None))
+        self.trainer = _attach(settings, self.spec, model_dir, ckpt)
+        if ckpt is None and self.version > 0:
+            coef = r.hget(self.keys.learner_state, "entropy_coef")
+            self.trainer.controller.coef = float(coef) if coef is not None else 0.0
+            self.trainer.controller.step = self.step
+        if self.step < self.spec.total_steps:  # the stage's entropy settings are known before its first step
+            ent = self.spec.stage_at(self.step)[1].entropy
+            m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.coef if ent.adaptive else ent.coef})
         if self.version not in {u.version for _, u in self.weights.read_after("0", pb.WeightUpdate)}:
             self.publish()
+
+    def _resume_source(self) -> tuple[str, Path | None]:
+        """Where the policy comes from: the initial model, the checkpoint of the last trained step,
+        or (no checkpoint) the last published weights, with a fresh optimizer."""
+        if self.version == 0:
+            return self.spec.model, None
+        published = self.weights.last(pb.WeightUpdate)
+        if published is None or published[1].version != self.version:
+            raise RuntimeError(f"run {self.run_id}: the learner trained step {self.step - 1} but weights v{self.version} are not announced")
+        ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
+        if ckpt is not None:
+            log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
+            return str(ckpt), ckpt
+        log.warning("resuming at step %d from weights v%d without a checkpoint (optimizer state restarts)", self.step, self.version)
+        model = modeling.load_model(self.spec.model)
+        modeling.load_state_dict(model, self.weight_sender.load_version(self.version))
+        out = run_dir(self.settings, self.run_id) / "resume" / f"v{self.version}"
+        model.save_pretrained(out, safe_serialization=True)
+        return str(out), None
 
     def status(self) -> dict:
         return {"step": self.step, "version": self.version, "collected": self.ledger.count(self.step)}
@@ -118,17 +182,26 @@ class LearnerWorker(Worker):
         k = self.step
         batch_complete_at = time.time()
         groups, entry_ids = self.ledger.pop(k)
+        groups = groups[:expected]
         stage = StageConfig.model_validate_json(self.r.hget(self.keys.step(k), "stage_config"))  # the controller's stage of step k
         t0 = time.perf_counter()
-        record = self.trainer.train_step(groups[:expected], version=k, stage=stage)
+        _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
+        record = self.trainer.train_step(groups, version=k, stage=stage)
         train_seconds = time.perf_counter() - t0
         record["duplicates"] = float(self.ledger.duplicates)
+        record["train_seconds"] = train_seconds
         m.export_step(record)
         m.VERSION_MISMATCH.inc(record["version_mismatch"])
+        every = self.settings.checkpoint_every
+        if every and (k + 1) % every == 0:
+            t1 = time.perf_counter()
+            _broadcast(("checkpoint", str(self.ckpt_root), k, self.settings.keep_checkpoints))
+            self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints)
+            record["checkpoint_seconds"] = time.perf_counter() - t1
         self.step, self.version = k + 1, k + 1
         update = self.publish()
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.learner_state, mapping={"last_step": k, "updated_at": time.time()})
+        pipe.hset(self.keys.learner_state, mapping={"last_step": k, "updated_at": time.time(), "entropy_coef": self.trainer.controller.coef})
         if entry_ids:
             pipe.xack(self.scored.stream, GROUP, *entry_ids)
         pipe.execute()
@@ -149,15 +222,19 @@ class LearnerWorker(Worker):
             )
         )
         log.info(
-            "step %d: reward %.3f acc %.3f entropy %.3f trained %d tokens in %.2fs -> v%d",
-            k, record["reward_mean"], record["accuracy_all"], record.get("entropy", float("nan")), int(record.get("tokens_trained", 0)), train_seconds, self.version,
+            "step %d: reward %.3f acc %.3f entropy %.3f (c=%.4f, bonus %s) trained %d tokens in %.2fs -> v%d",
+            k, record["reward_mean"], record["accuracy_all"], record.get("entropy", float("nan")), record.get("entropy_coef", 0.0),
+            "on" if record.get("entropy_bonus_active") else "off", int(record.get("tokens_trained", 0)), train_seconds, self.version,
         )
 
     def publish(self) -> pb.WeightUpdate:
-        """Hand the full state dict to the weight transport (it announces the version on `weights`)."""
-        return self.weight_sender.publish(self.version, modeling.export_state_dict(self.trainer.model))
+        """Hand the full state dict to the weight transport (it announces the version on `weights`).
+        With several ranks the weights are gathered first (ZeRO-3 partitions them)."""
+        _broadcast(("publish",))
+        return self.weight_sender.publish(self.version, self.trainer.backend.full_state_dict())
 
     def close(self) -> None:
+        _broadcast(("detach",))
         self.weight_sender.close()
 
     def _reclaim(self) -> list[Entry]:
@@ -168,8 +245,57 @@ class LearnerWorker(Worker):
         return self.scored.reclaim(alive_workers(self.r, SERVICE))
 
 
+def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str | Path | None) -> Trainer:
+    trainer = build_trainer(settings, spec, model_dir)
+    if ckpt is not None:
+        trainer.load_checkpoint(Path(ckpt))
+    return trainer
+
+
+def follow(settings: LearnerSettings) -> int:
+    """Ranks > 0: execute rank 0's collective operations until it stops."""
+    trainer: Trainer | None = None
+    while True:
+        box = [None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        cmd, *args = box[0]
+        if cmd == "attach":
+            _, spec_json, model_dir, ckpt = args
+            trainer = _attach(settings, RunSpec.model_validate_json(spec_json), model_dir, ckpt)
+        elif cmd == "train":
+            raw, version, stage_json = args
+            groups = [pb.ScoredGroup.FromString(b) for b in raw]
+            trainer.train_step(groups, version=version, stage=StageConfig.model_validate_json(stage_json))
+        elif cmd == "publish":
+            trainer.backend.full_state_dict()
+        elif cmd == "checkpoint":
+            root, step, keep = args
+            trainer.save_checkpoint(Path(root), step, keep)
+        elif cmd == "detach":
+            trainer = None
+        elif cmd == "stop":
+            return 0
+        else:
+            raise RuntimeError(f"unknown learner command {cmd!r}")
+
+
 def run(settings: LearnerSettings | None = None) -> int:
     from magic.common.service import serve
 
     settings = settings or LearnerSettings()
-    return serve(SERVICE, settings, lambda r, run_id: LearnerWorker(r, run_id, settings))
+    rank, world = backends.world_from_env()
+    if settings.backend == "deepspeed":
+        rank, world = backends.init_distributed(_device(settings), settings.dist_timeout_seconds)
+    elif world > 1:
+        raise RuntimeError(f"WORLD_SIZE={world} needs MAGIC_BACKEND=deepspeed; the torch backend runs on one process")
+    if rank > 0:
+        from magic.common.logs import setup_logging
+
+        setup_logging(SERVICE, f"{settings.worker_name}-rank{rank}", settings.log_level)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        return follow(settings)
+    try:
+        return serve(SERVICE, settings, lambda r, run_id: LearnerWorker(r, run_id, settings))
+    finally:
+        _broadcast(("stop",))

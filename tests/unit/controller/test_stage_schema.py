@@ -12,8 +12,8 @@ def stage(**kw):
 
 
 def test_d_t_must_divide_d_r_and_not_exceed_it():
-    assert stage(D_T=4, N_reuse=2).sgd_steps == 4  # N_SGD = D_R / D_T * N_reuse
-    assert stage().sgd_steps == 1
+    assert stage(D_T=4, N_reuse=2).n_sgd == 4  # N_SGD = D_R / D_T * N_reuse
+    assert stage().n_sgd == 1
     with pytest.raises(ValidationError, match="not divisible by D_T = 3") as exc:
         stage(D_T=3)
     assert exc.value.errors()[0]["loc"] == ("D_T",)

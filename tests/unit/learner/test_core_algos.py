@@ -1,3 +1,5 @@
+"""Hand-computed values for every advantage estimator, truncation mask, clip case, k3 and the entropy controller."""
+
 import math
 
 import pytest
@@ -5,15 +7,76 @@ import torch
 
 from magic.learner import core_algos
 
+E = 1e-6
+S3 = math.sqrt(1 / 3)  # unbiased std of {1, 0, 0, 1} and of {1, 0, 1}
+
 
 def test_grpo_advantages_hand_computed():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
-    adv, _ = core_algos.grpo_advantages(rewards, eps=1e-6)
-    # group 0: mean 0.5, unbiased std sqrt(1/3)
-    s0 = math.sqrt(1 / 3)
-    assert adv[0].tolist() == pytest.approx([0.5 / (s0 + 1e-6), -0.5 / (s0 + 1e-6), -0.5 / (s0 + 1e-6), 0.5 / (s0 + 1e-6)])
+    adv, _ = core_algos.grpo_advantages(rewards, eps=E)
+    assert adv[0].tolist() == pytest.approx([0.5 / (S3 + E), -0.5 / (S3 + E), -0.5 / (S3 + E), 0.5 / (S3 + E)])
     # group 1: mean 0.75, unbiased std 0.5
-    assert adv[1].tolist() == pytest.approx([0.25 / 0.500001, 0.25 / 0.500001, 0.25 / 0.500001, -0.75 / 0.500001])
+    assert adv[1].tolist() == pytest.approx([0.25 / (0.5 + E)] * 3 + [-0.75 / (0.5 + E)])
+
+
+def test_drgrpo_advantages_do_not_divide_by_the_std():
+    adv, _ = core_algos.drgrpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 1.0]]))
+    assert adv.tolist() == [[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]]
+
+
+def test_rloo_advantages_subtract_the_mean_of_the_others():
+    adv, _ = core_algos.rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    assert adv[0].tolist() == pytest.approx([1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3])
+
+
+def test_batch_advantages_normalise_over_the_whole_batch():
+    # mean 0.75; deviations 0.25, -0.75, 0.25, 0.25 -> unbiased var 0.75 / 3 = 0.25, std 0.5
+    adv, _ = core_algos.batch_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), eps=E)
+    assert adv.flatten().tolist() == pytest.approx([0.25 / (0.5 + E), -0.75 / (0.5 + E), 0.25 / (0.5 + E), 0.25 / (0.5 + E)])
+
+
+def test_lite_ppo_advantages_use_the_group_mean_and_the_batch_std():
+    # group means 0.5 and 1; batch std of the rewards 0.5
+    adv, _ = core_algos.lite_ppo_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), eps=E)
+    assert adv.flatten().tolist() == pytest.approx([0.5 / (0.5 + E), -0.5 / (0.5 + E), 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "strategy, expected",
+    [
+        # none: truncated sample (index 2) is an ordinary reward-0 sample
+        ("none", [0.5 / (S3 + E), -0.5 / (S3 + E), -0.5 / (S3 + E), 0.5 / (S3 + E)]),
+        # before: statistics over {1, 0, 1}: mean 2/3, std sqrt(1/3); truncated -> 0
+        ("before", [(1 / 3) / (S3 + E), (-2 / 3) / (S3 + E), 0.0, (1 / 3) / (S3 + E)]),
+        # after: statistics over all four, then the truncated one -> 0
+        ("after", [0.5 / (S3 + E), -0.5 / (S3 + E), 0.0, 0.5 / (S3 + E)]),
+    ],
+)
+def test_truncation_masks_follow_section_3_2_3(strategy, expected):
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    truncated = torch.tensor([[False, False, True, False]])
+    adv, _ = core_algos.compute_advantages("grpo", rewards, truncated, mask_strategy=strategy)
+    assert adv[0].tolist() == pytest.approx(expected)
+
+
+def test_mask_before_with_one_untruncated_sample_gives_zero_advantages():
+    adv, _ = core_algos.compute_advantages("grpo", torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[False, True, True]]), mask_strategy="before")
+    assert adv.tolist() == [[0.0, 0.0, 0.0]]
+    assert core_algos.zero_advantage_groups(adv).tolist() == [True]
+
+
+def test_ragged_groups_ignore_padding():
+    rewards = torch.tensor([[1.0, 0.0, 7.0]])
+    valid = torch.tensor([[True, True, False]])
+    adv, _ = core_algos.compute_advantages("drgrpo", rewards, torch.zeros_like(valid), valid)
+    assert adv.tolist() == [[0.5, -0.5, 0.0]]
+
+
+def test_unknown_mask_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="unknown advantage mask"):
+        core_algos.truncation_mask("sometimes", torch.zeros(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="groups, group_size"):
+        core_algos.grpo_advantages(torch.zeros(4))
 
 
 def test_zero_advantage_groups_are_detected():
@@ -28,17 +91,33 @@ def test_registry_refuses_duplicates_and_unknown_names():
         core_algos.get_advantage("nope")
 
 
+def _loss(ratios, adv, dual=None, cl=0.2, ch=0.28):
+    old = torch.zeros(1, len(ratios))
+    logp = torch.log(torch.tensor([ratios]))
+    return core_algos.ppo_clip_loss(logp, old, torch.tensor([adv]), torch.ones(1, len(ratios)), len(ratios), cl, ch, dual)
+
+
 def test_ppo_clip_loss_clips_each_side():
     # ratios 1.5 (A>0: clipped at 1.28), 0.5 (A<0: clipped at 0.8), 1.1 (A>0: not clipped)
-    old = torch.zeros(1, 3)
-    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
-    adv = torch.tensor([[2.0, -1.0, 1.0]])
-    mask = torch.ones(1, 3)
-    loss, sums = core_algos.ppo_clip_loss(logp, old, adv, mask, num_tokens=3, clip_low=0.2, clip_high=0.28)
-    expected = -(1.28 * 2.0 + 0.8 * -1.0 + 1.1 * 1.0) / 3
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
-    assert sums["pg_clipfrac_high"].item() == 1
-    assert sums["pg_clipfrac_low"].item() == 1
+    loss, sums = _loss([1.5, 0.5, 1.1], [2.0, -1.0, 1.0])
+    assert loss.item() == pytest.approx(-(1.28 * 2.0 + 0.8 * -1.0 + 1.1 * 1.0) / 3, rel=1e-6)
+    assert (sums["pg_clipfrac_high"].item(), sums["pg_clipfrac_low"].item()) == (1, 1)
+
+
+def test_ppo_clip_does_not_clip_in_the_direction_that_hurts():
+    # ratio 1.5 with A<0: min(1.5 * -1, 1.28 * -1) = -1.5 (no clip); ratio 0.5 with A>0: 0.5 (no clip)
+    loss, sums = _loss([1.5, 0.5], [-1.0, 1.0])
+    assert loss.item() == pytest.approx(-(-1.5 + 0.5) / 2, rel=1e-6)
+    assert (sums["pg_clipfrac_high"].item(), sums["pg_clipfrac_low"].item()) == (0, 0)
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages():
+    # ratio 5, A=-1: PPO loss max(5, 0.8) = 5, capped at 3; ratio 2, A=-1: 2 < 3, kept; ratio 5, A=+1: 1.28 clip, no dual
+    loss, sums = _loss([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0], dual=3.0)
+    assert loss.item() == pytest.approx((3.0 + 2.0 - 1.28) / 3, rel=1e-6)
+    assert sums["pg_clipfrac_dual"].item() == 1
+    no_dual, _ = _loss([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0])
+    assert no_dual.item() == pytest.approx((5.0 + 2.0 - 1.28) / 3, rel=1e-6)
 
 
 def test_ppo_clip_loss_is_a_token_sum_over_the_batch_count():
@@ -55,8 +134,56 @@ def test_ppo_clip_loss_is_a_token_sum_over_the_batch_count():
 
 def test_on_policy_gradient_is_minus_advantage_times_grad_logp():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    adv = torch.tensor([[3.0]])
-    loss, _ = core_algos.ppo_clip_loss(logp, logp.detach(), adv, torch.ones(1, 2), 2, 0.2, 0.28)
+    loss, _ = core_algos.ppo_clip_loss(logp, logp.detach(), torch.tensor([[3.0]]), torch.ones(1, 2), 2, 0.2, 0.28)
     loss.backward()
     assert loss.item() == pytest.approx(-3.0)
     assert logp.grad[0].tolist() == pytest.approx([-1.5, -1.5])
+
+
+def test_k3_hand_computed():
+    # pi = 0.5, pi_ref = 0.25: ratio 0.5 -> 0.5 - ln 0.5 - 1
+    kl = core_algos.k3_kl(torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]))
+    assert kl.item() == pytest.approx(0.5 + math.log(2) - 1)
+    assert core_algos.k3_kl(torch.tensor([-1.3]), torch.tensor([-1.3])).item() == 0.0
+
+
+def test_magic_loss_adds_entropy_bonus_and_k3_over_the_batch_count():
+    logp = torch.tensor([[math.log(0.5), math.log(0.5)]], requires_grad=True)
+    ent = torch.tensor([[1.0, 2.0]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
+    adv = torch.zeros(1, 1)
+    loss, sums = core_algos.magic_loss(
+        logp, logp.detach(), adv, torch.ones(1, 2), 4, clip_low=0.2, clip_high=0.28, entropy=ent, entropy_coef=0.1, ref_logp=ref, kl_coef=0.01
+    )
+    # -(0.1 * (1 + 2)) / 4 + 0.01 * (0.5 + ln 2 - 1 + 0) / 4
+    assert loss.item() == pytest.approx(-0.3 / 4 + 0.01 * (0.5 + math.log(2) - 1) / 4, rel=1e-6)
+    assert sums["entropy"].item() == 3.0
+    assert sums["kl_ref"].item() == pytest.approx(0.5 + math.log(2) - 1)
+    with pytest.raises(ValueError, match="reference"):
+        core_algos.magic_loss(logp, logp.detach(), adv, torch.ones(1, 2), 2, clip_low=0.2, clip_high=0.2, kl_coef=0.1)
+
+
+def test_entropy_controller_follows_section_3_2_5():
+    c = core_algos.EntropyController()
+    alpha = core_algos.EntropyController.alpha
+    assert c.coef == 0.0  # c_0 = 0
+    assert alpha(c.coef, 0.1, 0.2, True, 0.0) == (0.0, True)  # gate on, but c_0 = 0
+    assert c.update(0.1, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.005)  # e < tgt: +Delta
+    assert c.update(0.1, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.010)
+    # boundary e = tgt: the bonus is on (e <= tgt) and c stays
+    assert alpha(c.coef, 0.2, 0.2, True, 0.0) == (pytest.approx(0.010), True)
+    assert c.update(0.2, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.010)
+    # e > tgt: bonus off, c decreases
+    assert alpha(c.coef, 0.3, 0.2, True, 0.0) == (0.0, False)
+    assert c.update(0.3, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.005)
+    assert c.update(0.3, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.0)
+    assert c.update(0.3, 0.2, 0.005, 0.0, 0.1) == 0.0  # lower bound
+    for _ in range(50):
+        c.update(0.0, 0.2, 0.005, 0.0, 0.02)
+    assert c.coef == pytest.approx(0.02)  # upper bound
+    assert c.step == 56
+    # not adaptive: a constant coefficient, always applied
+    assert alpha(0.0, 0.9, 0.2, False, 0.003) == (0.003, True)
+    restored = core_algos.EntropyController()
+    restored.load_state_dict(c.state_dict())
+    assert restored == c

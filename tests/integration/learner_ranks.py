@@ -1,0 +1,43 @@
+"""One rank of a multi-process learner run for tests/integration/test_learner_deepspeed.py.
+
+    python learner_ranks.py MODEL_DIR OUT ZERO_STAGE   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+
+Trains two steps of the synthetic batches of `learner_batches` with the DeepSpeed backend,
+checkpoints (collective), gathers the full weights, and on rank 0 saves the step records and the
+weights to OUT.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for learner_batches
+
+from learner_batches import scored_groups, stage  # noqa: E402
+
+from magic.common import modeling  # noqa: E402
+from magic.common.config import OptimConfig  # noqa: E402
+from magic.learner import backends  # noqa: E402
+from magic.learner.trainer import Trainer  # noqa: E402
+
+
+def main(model_dir: str, out: str, zero_stage: int) -> None:
+    torch.set_num_threads(1)
+    rank, world = backends.init_distributed(torch.device("cpu"), 120)
+    optim = OptimConfig(max_grad_norm=1.0)
+    model = modeling.load_model(model_dir)
+    backend = backends.DeepSpeedBackend(model, optim, torch.device("cpu"), zero_stage, chunk_size=5)
+    trainer = Trainer(backend, optim, 0, 28, reference=modeling.load_model(model_dir).requires_grad_(False), chunk_size=5)
+    vocab = modeling.load_model_config(model_dir).vocab_size
+    records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(2)]
+    ckpt = trainer.save_checkpoint(Path(out).parent / f"ckpt-{world}-{zero_stage}", 1, keep=1)
+    state = backend.full_state_dict()
+    if rank == 0:
+        torch.save({"records": records, "state": state, "ckpt": str(ckpt)}, out)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

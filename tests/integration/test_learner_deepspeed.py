@@ -1,0 +1,133 @@
+"""DeepSpeed ZeRO on CPU (gloo): 1 and 2 ranks give the single-process loss and weights, ZeRO-3
+weights can be gathered for publishing, and the checkpoint is written in HF format."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from learner_batches import scored_groups, stage  # noqa: E402
+from magic.common import modeling  # noqa: E402
+from magic.common.config import OptimConfig  # noqa: E402
+from magic.learner.backends import TorchBackend  # noqa: E402
+from magic.learner.trainer import Trainer  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("learner_ranks.py")
+KEYS = ("loss", "pg_loss", "entropy", "kl_old", "kl_ref", "grad_norm", "pg_clipfrac_high", "pg_clipfrac_low", "tokens_trained")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(model_dir: Path, out: Path, world: int, zero_stage: int) -> dict:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), str(out), str(zero_stage)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def single_process(tiny_model_dir):
+    optim = OptimConfig(max_grad_norm=1.0)
+    model = modeling.load_model(tiny_model_dir)
+    trainer = Trainer(TorchBackend(model, optim, torch.device("cpu"), chunk_size=5), optim, 0, 28,
+                      reference=modeling.load_model(tiny_model_dir).requires_grad_(False), chunk_size=5)
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(2)]
+    return records, modeling.export_state_dict(model)
+
+
+@pytest.mark.parametrize("world, zero_stage", [(1, 2), (2, 2), (2, 3)])
+def test_deepspeed_ranks_match_a_single_process(tiny_model_dir, tmp_path, single_process, world, zero_stage):
+    ref_records, ref_state = single_process
+    got = launch(tiny_model_dir, tmp_path / "out.pt", world, zero_stage)
+    for a, b in zip(ref_records, got["records"]):
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    init = modeling.export_state_dict(modeling.load_model(tiny_model_dir))
+    assert set(got["state"]) == set(ref_state)
+    for k, v in ref_state.items():
+        moved = (v - init[k]).abs().max().item()
+        assert (got["state"][k] - v).abs().max().item() <= 1e-3 * max(moved, 1e-2), k
+    ckpt = Path(got["ckpt"])
+    assert (ckpt / "COMPLETE").exists() and (ckpt / "deepspeed").is_dir()
+    reloaded = modeling.export_state_dict(modeling.load_model(ckpt))
+    for k, v in got["state"].items():
+        assert torch.equal(reloaded[k], v), k
+
+
+@pytest.mark.integration
+def test_the_learner_service_trains_on_two_deepspeed_ranks(r, redis_server, tiny_model_dir, tmp_path, single_process):
+    """`python -m magic.learner` on 2 ranks: rank 0 reads the stream and broadcasts each step to
+    rank 1; the step records equal a single process's; both ranks stop cleanly."""
+    import time
+
+    from magic.common import keys
+    from magic.common.bus import Stream
+    from magic.common.config import RunSpec
+    from magic.common.pb import messages_pb2 as pb
+
+    run_id = "ranks"
+    spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[stage(steps=2)])
+    k = keys.RunKeys(run_id)
+    r.set(k.spec, spec.model_dump_json())
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    for step in range(2):
+        r.hset(k.step(step), "expected", 4)
+        for g in scored_groups(step, 4, 4, vocab, seed=3):
+            Stream(r, k.scored).add(g)
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MAGIC_BACKEND="deepspeed", MAGIC_ZERO_STAGE="3", MAGIC_REDIS_URL=redis_server.url,
+                   MAGIC_DATA_DIR=str(tmp_path), MAGIC_MICRO_BATCH_TOKENS="64", MAGIC_LOGPROB_CHUNK_SIZE="5", MAGIC_TORCH_THREADS="1",
+                   MAGIC_WORKER_NAME=f"learner-{rank}")
+        procs.append(subprocess.Popen([sys.executable, "-m", "magic.learner"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        r.set(keys.ACTIVE_RUN, run_id)
+        deadline = time.monotonic() + 120
+        done: list = []
+        while time.monotonic() < deadline and len(done) < 2:
+            assert all(p.poll() is None for p in procs), [p.communicate()[0][-3000:] for p in procs]
+            done = [e.step_completed for _, e in Stream(r, k.events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
+            time.sleep(0.2)
+        assert len(done) == 2, "the learner did not train both steps"
+        r.delete(keys.ACTIVE_RUN)  # the run ends: rank 0 detaches and tells rank 1
+        time.sleep(1.5)
+        procs[0].terminate()
+        logs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [x[-3000:] for x in logs]
+    ref_records, _ = single_process
+    for a, b in zip(ref_records, done):
+        for key in KEYS:
+            assert b.metrics[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert (tmp_path / "runs" / run_id / "checkpoints" / "step-00000001" / "COMPLETE").exists()

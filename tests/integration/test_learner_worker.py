@@ -1,0 +1,66 @@
+"""The learner worker over a real Redis: trains each step once its groups are in, checkpoints, and
+a restarted learner resumes from the checkpoint to give the same next step as one that never stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+from learner_batches import scored_groups
+from magic.common import keys, modeling
+from magic.common.bus import Stream
+from magic.common.config import LearnerSettings, RunSpec
+from magic.common.pb import messages_pb2 as pb
+from magic.learner.worker import LearnerWorker, checkpoint_root
+
+pytestmark = pytest.mark.integration
+
+STAGE = {"steps": 5, "T": 16, "D_R": 4, "D_T": 2, "N_reuse": 2, "gs": 4, "lr": 5e-3, "entropy": {"adaptive": True, "target": 10.0, "delta": 0.01}}
+
+
+def start_run(r, run_id: str, model_dir) -> None:
+    spec = RunSpec(name=run_id, model=str(model_dir), train_files=["unused.jsonl"], stages=[STAGE])
+    r.set(keys.RunKeys(run_id).spec, spec.model_dump_json())
+
+
+def feed(r, run_id: str, step: int, vocab: int) -> None:
+    k = keys.RunKeys(run_id)
+    r.hset(k.step(step), "expected", 4)
+    for g in scored_groups(step, 4, 4, vocab, seed=11):
+        Stream(r, k.scored).add(g)
+
+
+def train(worker: LearnerWorker, r, run_id: str, step: int, vocab: int) -> dict[str, float]:
+    feed(r, run_id, step, vocab)
+    for _ in range(50):
+        worker.poll()
+        if worker.step > step:
+            break
+    assert worker.step == step + 1
+    events = [e for _, e in Stream(r, keys.RunKeys(run_id).events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
+    return dict(events[-1].step_completed.metrics)
+
+
+def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    settings = LearnerSettings(data_dir=tmp_path, worker_name="learner-test", checkpoint_every=1, keep_checkpoints=2, micro_batch_tokens=64)
+    for run_id in ("straight", "restarted"):
+        start_run(r, run_id, tiny_model_dir)
+
+    straight = LearnerWorker(r, "straight", settings)
+    expected = [train(straight, r, "straight", k, vocab) for k in range(3)]
+    straight.close()
+
+    first = LearnerWorker(r, "restarted", settings)
+    for k in range(2):
+        assert train(first, r, "restarted", k, vocab)["loss"] == pytest.approx(expected[k]["loss"], rel=1e-6)
+    first.close()  # the process "dies"; a new one attaches to the same run
+    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000000", "step-00000001"]
+
+    second = LearnerWorker(r, "restarted", settings)
+    assert second.step == 2 and second.trainer.controller.coef == pytest.approx(0.02)
+    got = train(second, r, "restarted", 2, vocab)
+    second.close()
+    assert got["entropy_coef"] == pytest.approx(0.02) and got["entropy_bonus_active"] == 1.0
+    for key in ("loss", "pg_loss", "entropy", "kl_old", "grad_norm"):
+        assert got[key] == pytest.approx(expected[2][key], rel=1e-5), key
+    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000001", "step-00000002"]

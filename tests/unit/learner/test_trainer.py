@@ -1,0 +1,122 @@
+"""The trainer: exact token-level mean however the batch is split, checkpoints that resume exactly,
+the on-policy shortcut, rejection sampling and the per-step metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learner_batches import scored_groups, stage
+from magic.common import modeling
+from magic.common.config import OptimConfig
+from magic.learner.backends import TorchBackend
+from magic.learner.trainer import Trainer, build_sequences, latest_checkpoint
+
+OPTIM = OptimConfig(max_grad_norm=1.0)
+
+
+def make_trainer(model_dir, budget: int, with_reference: bool = True) -> Trainer:
+    torch.manual_seed(0)
+    model = modeling.load_model(model_dir, dtype=torch.float64)  # float64: equalities hold to 1e-9
+    ref = modeling.load_model(model_dir, dtype=torch.float64).requires_grad_(False) if with_reference else None
+    return Trainer(TorchBackend(model, OPTIM, torch.device("cpu"), chunk_size=5), OPTIM, pad_id=0, micro_batch_tokens=budget, reference=ref, chunk_size=5)
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.backend.policy.state_dict().items()}
+
+
+def test_loss_and_updates_do_not_depend_on_the_micro_batch_split(tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage()
+    results = []
+    for budget in (1, 28, 10**6):  # one sequence per micro-batch, about two, the whole mini-batch
+        trainer = make_trainer(tiny_model_dir, budget)
+        recs = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=st) for k in range(2)]
+        results.append((recs, weights(trainer)))
+    (base_recs, base_w) = results[0]
+    assert base_recs[0]["sgd_steps"] == 4 and base_recs[0]["n_sgd"] == 4
+    assert base_recs[1]["kl_old"] > 0 and base_recs[1]["kl_ref"] > 0  # the updates moved the policy
+    for recs, w in results[1:]:
+        for a, b in zip(base_recs, recs):
+            for key in ("loss", "pg_loss", "entropy", "kl_old", "kl_ref", "grad_norm", "pg_clipfrac_high", "pg_clipfrac_low"):
+                assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
+        for k in base_w:
+            assert torch.allclose(w[k], base_w[k], rtol=0, atol=1e-9), k
+    moved = max((base_w[k] - modeling.load_model(tiny_model_dir).state_dict()[k]).abs().max().item() for k in base_w)
+    assert moved > 1e-3
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_next_step(tiny_model_dir, tmp_path):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage(entropy={"adaptive": True, "target": 10.0, "delta": 0.01})  # entropy below target: c_k grows, the bonus is on
+    batches = [scored_groups(k, 4, 4, vocab, seed=5) for k in range(3)]
+    straight = make_trainer(tiny_model_dir, 64)
+    recs = [straight.train_step(b, version=k, stage=st) for k, b in enumerate(batches)]
+
+    first = make_trainer(tiny_model_dir, 64)
+    for k in range(2):
+        first.train_step(batches[k], version=k, stage=st)
+        first.save_checkpoint(tmp_path, k, keep=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]  # older ones deleted
+    ckpt = latest_checkpoint(tmp_path, step=1)
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists() and (ckpt / "optimizer.pt").exists()
+
+    # a new process: the policy from the HF-format checkpoint, then optimizer and controller state
+    model = modeling.load_model(ckpt, dtype=torch.float64)
+    ref = modeling.load_model(tiny_model_dir, dtype=torch.float64)
+    resumed = Trainer(TorchBackend(model, OPTIM, torch.device("cpu"), chunk_size=5), OPTIM, 0, 64, reference=ref, chunk_size=5)
+    assert resumed.load_checkpoint(ckpt) == 1
+    assert resumed.controller.coef == pytest.approx(0.02) and recs[2]["entropy_coef"] == pytest.approx(0.02)
+    again = resumed.train_step(batches[2], version=2, stage=st)
+    for key in ("loss", "pg_loss", "entropy", "kl_old", "grad_norm", "entropy_alpha"):
+        assert again[key] == pytest.approx(recs[2][key], rel=1e-9, abs=1e-12), key
+    w1, w2 = weights(straight), weights(resumed)
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], rtol=0, atol=1e-9), k
+
+    fresh = make_trainer(tiny_model_dir, 64)  # without the optimizer state the step differs
+    fresh.backend.policy.load_state_dict(modeling.load_model(ckpt, dtype=torch.float64).state_dict())
+    assert fresh.train_step(batches[2], version=2, stage=st)["loss"] != pytest.approx(recs[2]["loss"], rel=1e-5)
+
+
+def test_on_policy_step_has_ratio_one_and_reports_every_metric(tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage(D_T=None, N_reuse=1, beta=0.0, dual_clip=None, entropy={"adaptive": True, "target": 0.2})
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    groups = scored_groups(0, 4, 4, vocab, seed=7)
+    groups[1].scores[0].reward = 0.0  # group 1 now has all-zero rewards except...
+    for sc in groups[1].scores:
+        sc.reward = 1.0  # ...all equal: zero advantages, rejected
+    rec = trainer.train_step(groups, version=0, stage=st)
+    assert rec["sgd_steps"] == 1 and rec["kl_old"] == 0.0
+    assert rec["pg_clipfrac_high"] == 0.0 and rec["pg_clipfrac_low"] == 0.0
+    assert rec["zero_adv_group_ratio"] == 0.25 and rec["groups_rejected"] == 1 and rec["groups_trained"] == 3
+    # untrained model: entropy near log(vocab), far above the target; c_0 = 0, gate off
+    assert rec["entropy"] > 3.0 and rec["entropy_bonus_active"] == 0.0 and rec["entropy_coef"] == 0.0 and rec["entropy_alpha"] == 0.0
+    for key in (
+        "entropy", "entropy_target", "entropy_coef", "entropy_bonus_active", "pg_clipfrac_high", "pg_clipfrac_low", "kl_old", "grad_norm",
+        "advantage_mean", "advantage_std", "advantage_abs_max", "zero_adv_group_ratio", "response_clip_ratio", "accuracy_all",
+        "accuracy_nontruncated", "reward_mean", "kl_rollout", "loss", "pg_loss",
+    ):
+        assert key in rec, key
+    # the on-policy loss at ratio 1 is minus the token-weighted mean advantage
+    seqs, _ = build_sequences(groups, 0, st)
+    flat = [s for g in seqs for s in g]
+    expected = -sum(s.advantage * s.response_len for s in flat) / sum(s.response_len for s in flat)
+    assert rec["pg_loss"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_versions_other_than_the_step_are_not_trained(tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    groups = scored_groups(3, 2, 4, vocab, seed=1)
+    rec = trainer.train_step(groups, version=4, stage=stage(beta=0.0))
+    assert rec["version_mismatch"] == 8 and rec["groups_dropped_version"] == 2 and rec["tokens_trained"] == 0.0
+
+
+def test_a_stage_with_beta_needs_a_reference(tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    with pytest.raises(RuntimeError, match="reference"):
+        trainer.train_step(scored_groups(0, 2, 4, vocab, seed=1), version=0, stage=stage())
