@@ -9,16 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deepspeed  # noqa: F401  (in the dev extra: a missing DeepSpeed fails here rather than skipping)
 import pytest
 import torch
+from learner_batches import scored_groups, stage
 
-pytest.importorskip("deepspeed")
-
-from learner_batches import scored_groups, stage  # noqa: E402
-from magic.common import modeling  # noqa: E402
-from magic.common.config import OptimConfig  # noqa: E402
-from magic.learner.backends import TorchBackend  # noqa: E402
-from magic.learner.trainer import Trainer  # noqa: E402
+from magic.common import modeling
+from magic.common.config import OptimConfig
+from magic.learner.backends import TorchBackend
+from magic.learner.trainer import Trainer
 
 SCRIPT = Path(__file__).with_name("learner_ranks.py")
 KEYS = ("loss", "pg_loss", "entropy", "kl_old", "kl_ref", "grad_norm", "pg_clipfrac_high", "pg_clipfrac_low", "tokens_trained")
@@ -97,7 +96,7 @@ def test_the_learner_service_trains_on_two_deepspeed_ranks(r, redis_server, tiny
     r.set(k.spec, spec.model_dump_json())
     vocab = modeling.load_model_config(tiny_model_dir).vocab_size
     for step in range(2):
-        r.hset(k.step(step), "expected", 4)
+        r.hset(k.step(step), mapping={"expected": 4, "stage_config": spec.stages[0].model_dump_json()})
         for g in scored_groups(step, 4, 4, vocab, seed=3):
             Stream(r, k.scored).add(g)
     port = _free_port()

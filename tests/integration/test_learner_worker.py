@@ -8,7 +8,7 @@ import pytest
 from learner_batches import scored_groups
 from magic.common import keys, modeling
 from magic.common.bus import Stream
-from magic.common.config import LearnerSettings, RunSpec
+from magic.common.config import LearnerSettings, RunSpec, StageConfig
 from magic.common.pb import messages_pb2 as pb
 from magic.learner.worker import LearnerWorker, checkpoint_root
 
@@ -24,7 +24,8 @@ def start_run(r, run_id: str, model_dir) -> None:
 
 def feed(r, run_id: str, step: int, vocab: int) -> None:
     k = keys.RunKeys(run_id)
-    r.hset(k.step(step), "expected", 4)
+    # what the controller writes when it publishes step k: the group count and the step's stage
+    r.hset(k.step(step), mapping={"expected": 4, "stage_config": StageConfig.model_validate(STAGE).model_dump_json()})
     for g in scored_groups(step, 4, 4, vocab, seed=11):
         Stream(r, k.scored).add(g)
 
