@@ -181,6 +181,7 @@ class StepDriver(threading.Thread):
         while True:
             try:
                 finished = self.drive()
+                self.stream_sampler.sample()  # the streams' final state: throttled samples may predate the last steps
                 self.store.finish(self.run_id, RunStatus.finished if finished else RunStatus.stopped)
                 log.info("run %s %s", self.run_id, "finished" if finished else "stopped")
                 return

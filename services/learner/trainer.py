@@ -28,6 +28,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,6 +221,8 @@ class Trainer:
     pad_id: int
     micro_batch_tokens: int
     reference: torch.nn.Module | None = None
+    load_reference: Callable[[], torch.nn.Module] | None = None
+    """Loads the reference policy at the first step with kl_coef > 0 when `reference` is unset."""
     chunk_size: int = 1024
     controller: core_algos.EntropyController = field(default_factory=core_algos.EntropyController)
 
@@ -329,7 +332,9 @@ class Trainer:
         need_gate_first = ent.adaptive and c_k > 0
         use_ref = stage.kl_coef > 0
         if use_ref and self.reference is None:
-            raise RuntimeError("kl_coef > 0 needs a reference policy; the learner loads one when a stage sets beta")
+            if self.load_reference is None:
+                raise RuntimeError("kl_coef > 0 needs a reference policy: give the Trainer `reference` or `load_reference`")
+            self.reference = self.load_reference()
         entropy_k: float | None = None
         t0 = time.perf_counter()
         minibatches = split_minibatches(kept, stage.n_minibatches)

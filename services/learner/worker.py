@@ -66,8 +66,9 @@ def _device(settings: LearnerSettings) -> torch.device:
 
 
 def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> Trainer:
-    """The policy from `model_dir` (HF format) on this rank's backend, and the reference policy
-    (the run's initial model) when a stage sets kl_coef > 0."""
+    """The policy from `model_dir` (HF format) on this rank's backend; the reference policy (the
+    run's initial model) is loaded when a stage sets kl_coef > 0 — now if the plan has one, or at
+    the first such step (stages appended later)."""
     device = _device(settings)
     tokenizer = modeling.load_tokenizer(spec.model)
     model = modeling.load_model(model_dir, device)
@@ -75,11 +76,14 @@ def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> T
         backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size)
     else:
         backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size)
-    reference = None
-    if any(s.kl_coef > 0 for s in spec.stages):
-        reference = modeling.load_model(spec.model, device).requires_grad_(False)
+    def load_reference() -> torch.nn.Module:
+        return modeling.load_model(spec.model, device).requires_grad_(False)
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, reference=reference, chunk_size=settings.logprob_chunk_size)
+    trainer = Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, load_reference=load_reference, chunk_size=settings.logprob_chunk_size)
+    if any(s.kl_coef > 0 for s in spec.stages):
+        trainer.reference = load_reference()
+    return trainer
 
 
 def _broadcast(command: tuple) -> None:

@@ -2,8 +2,9 @@
 
 What it runs: the four services as separate processes over a private Redis, a two-stage plan
 (stage 1 with a short context length T that truncates the longest solutions, stage 2 with a
-longer one), on-policy GRPO with token-level clipped loss and clip-higher, tau = 1. It evaluates
-held-out accuracy (avg@k at tau) before and after, and writes per-step metrics (JSONL) and a plot.
+longer one), on-policy GRPO with token-level clipped loss, clip-higher and adaptive entropy
+control, tau = 1. It evaluates held-out accuracy (avg@k at tau) before and after, and writes
+per-step metrics (JSONL) and a plot.
 
 How it departs from the paper: a 0.8M-parameter model and a synthetic arithmetic task instead of
 a distilled 7B-32B model on math/code; short stages (tens of steps) instead of hundreds.
@@ -45,7 +46,10 @@ DATASET = "chain-sum"
 
 
 def build_spec(args: argparse.Namespace, demo) -> dict:
-    common = {"rollout_batch_size": args.rollout_batch_size, "group_size": args.group_size, "temperature": args.temperature, "lr": args.lr}
+    common = {
+        "rollout_batch_size": args.rollout_batch_size, "group_size": args.group_size, "temperature": args.temperature, "lr": args.lr,
+        "entropy": {"adaptive": True, "target": args.tgt_ent},
+    }
     return {
         "name": args.run_name,
         "model": str(demo.model.resolve()),

@@ -120,3 +120,18 @@ def test_a_stage_with_beta_needs_a_reference(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
     with pytest.raises(RuntimeError, match="reference"):
         trainer.train_step(scored_groups(0, 2, 4, vocab, seed=1), version=0, stage=stage())
+
+
+def test_the_reference_is_loaded_at_the_first_step_with_beta(tiny_model_dir):
+    """A stage with beta > 0 appended after the learner attached: the reference policy is loaded
+    at its first step, once, and the step reports the KL to it."""
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    loads = []
+    trainer.load_reference = lambda: loads.append(1) or modeling.load_model(tiny_model_dir, dtype=torch.float64).requires_grad_(False)
+    trainer.train_step(scored_groups(0, 2, 4, vocab, seed=1), version=0, stage=stage(beta=0.0))
+    assert trainer.reference is None and loads == []
+    for k in (1, 2):
+        rec = trainer.train_step(scored_groups(k, 2, 4, vocab, seed=1), version=k, stage=stage())
+        assert "kl_ref" in rec
+    assert loads == [1] and trainer.reference is not None
