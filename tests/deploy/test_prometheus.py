@@ -25,6 +25,7 @@ import yaml
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
+from waiting import wait_for
 
 from .conftest import dashboard_queries
 
@@ -39,18 +40,6 @@ equal in every group) has probability about 0.41^8 < 0.1%."""
 KNOWN_GAPS: dict[str, str] = {}
 """Dashboard queries expected to come back empty here, with the reason. Strict: once such a query
 returns data, the test fails so that the entry is removed."""
-
-
-def wait_for(predicate, timeout: float, what: str, sup: Supervisor | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sup is not None and (dead := sup.first_exit()) is not None:
-            raise AssertionError(f"{dead.name} died:\n{dead.log_tail()}")
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Prometheus:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -17,20 +16,9 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(predicate, timeout, sup, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        dead = sup.first_exit()
-        assert dead is None, f"{dead.name} died:\n{dead.log_tail()}"
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -50,7 +38,7 @@ def cluster(tmp_path):
         except httpx.HTTPError:
             return False
 
-    wait_for(ready, 60, sup, "the controller")
+    wait_for(ready, 60, "the controller", sup)
     yield api, sup, server, tmp_path
     sup.stop_all()
     server.stop()
@@ -71,7 +59,7 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
     }
     resp = api.post("/v1/runs", json=spec)
     assert resp.status_code == 201, resp.text
-    status = wait_for(lambda: (s := api.get("/v1/runs/e2e").json())["status"] in ("finished", "failed") and s, 240, sup, "the run")
+    status = wait_for(lambda: (s := api.get("/v1/runs/e2e").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
     assert status["status"] == "finished", status.get("error")
 
     records = api.get("/v1/runs/e2e/metrics").json()
@@ -112,7 +100,7 @@ def test_poison_prompt_is_dead_lettered_and_the_run_goes_on(cluster, tiny_model_
     r.xadd(keys.RunKeys("poison").prompts, {b"type": b"PromptGroup", b"pb": b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"})
     spec = {"name": "poison", "model": str(tiny_model_dir), "train_files": [str(data)], "stages": [{"steps": 1, "T": 8, "D_R": 2, "gs": 2}]}
     assert api.post("/v1/runs", json=spec).status_code == 201
-    status = wait_for(lambda: (s := api.get("/v1/runs/poison").json())["status"] in ("finished", "failed") and s, 120, sup, "the run")
+    status = wait_for(lambda: (s := api.get("/v1/runs/poison").json())["status"] in ("finished", "failed") and s, 120, "the run", sup)
     assert status["status"] == "finished", status.get("error")
     dead = r.xrange(keys.RunKeys("poison").dead)
     assert len(dead) == 1

@@ -17,6 +17,7 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -37,17 +38,6 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     k = keys.RunKeys("restart")
 
-    def wait_for(predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = sup.first_exit()
-            assert dead is None, f"{dead.name} died:\n{dead.log_tail()}"
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}")
-
     def ready():
         try:
             return api.get("/readyz").status_code == 200
@@ -62,7 +52,7 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
-        wait_for(ready, 60, "the controller")
+        wait_for(ready, 60, "the controller", sup, interval=0.02)
         spec = {
             "name": "restart",
             "model": str(tiny_model_dir),
@@ -79,14 +69,14 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
         # step was recorded (at the publish point of the next step)
         kills = []
         for at_step, phase in ((1, "rollout"), (3, "publish"), (4, "rollout")):
-            s = wait_for(lambda: (st := state()) and int(st["step"]) >= at_step and st["phase"] == phase and st, 120, f"step {at_step} {phase}")
+            s = wait_for(lambda: (st := state()) and int(st["step"]) >= at_step and st["phase"] == phase and st, 120, f"step {at_step} {phase}", sup, interval=0.02)
             sup.kill("controller")
             kills.append((int(s["step"]), s["phase"]))
             time.sleep(0.3)  # the rest of the loop goes on meanwhile
             sup.start("controller", "magic.controller", controller_env)
-            wait_for(ready, 60, "the restarted controller")
+            wait_for(ready, 60, "the restarted controller", sup, interval=0.02)
 
-        final = wait_for(lambda: (v := api.get("/v1/runs/restart").json())["status"] in ("finished", "failed") and v, 180, "the run to end")
+        final = wait_for(lambda: (v := api.get("/v1/runs/restart").json())["status"] in ("finished", "failed") and v, 180, "the run to end", sup, interval=0.02)
         assert final["status"] == "finished", final.get("error")
         assert len(kills) == 3
 

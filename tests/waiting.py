@@ -1,0 +1,19 @@
+"""Polling for the tests that drive services as processes."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_for(predicate, timeout: float, what: str, sup=None, interval: float = 0.05):
+    """Poll `predicate` until it returns something truthy (returned), failing after `timeout`
+    seconds with `what`, or at once with its log tail if a process of `sup` (a Supervisor) died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sup is not None and (dead := sup.first_exit()) is not None:
+            raise AssertionError(f"{dead.name} died:\n{dead.log_tail()}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
