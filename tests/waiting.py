@@ -17,3 +17,13 @@ def wait_for(predicate, timeout: float, what: str, sup=None, interval: float = 0
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def answers(url: str) -> bool:
+    """Whether GET `url` answers 200 now (a service's /readyz); False while it cannot be reached."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

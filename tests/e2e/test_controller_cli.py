@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,7 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
+from waiting import answers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -87,15 +87,7 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and sup.first_exit() is None, "the controller did not start"
-            time.sleep(0.2)
+        wait_for(lambda: answers(f"{url}/readyz"), 60, "the controller to start", sup)
 
         # helpful errors: no token, a wrong token, no controller
         no_token = magic("dataset", "register", "chain", str(data), env={**cli_env, "MAGIC_API_TOKEN": ""}, ok=False)

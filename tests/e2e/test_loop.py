@@ -16,7 +16,7 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
-from waiting import wait_for
+from waiting import answers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -32,13 +32,7 @@ def cluster(tmp_path):
     sup.start("reward-0", "magic.reward")
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
 
-    def ready():
-        try:
-            return api.get("/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, 60, "the controller", sup)
+    wait_for(lambda: answers(f"http://127.0.0.1:{port}/readyz"), 60, "the controller", sup)
     yield api, sup, server, tmp_path
     sup.stop_all()
     server.stop()

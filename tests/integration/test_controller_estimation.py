@@ -16,6 +16,7 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
+from waiting import answers, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -35,15 +36,7 @@ def test_difficulty_estimation_drops_unsolvable_prompts_and_never_reaches_the_le
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if api.get("/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and sup.first_exit() is None
-            time.sleep(0.2)
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/readyz"), 60, "the controller to start", sup)
         spec = {
             "name": "est",
             "model": str(tiny_model_dir),

@@ -17,7 +17,7 @@ from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
-from waiting import wait_for
+from waiting import answers, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -38,12 +38,6 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     k = keys.RunKeys("restart")
 
-    def ready():
-        try:
-            return api.get("/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def state():
         return {a.decode(): b.decode() for a, b in r.hgetall(k.state).items()}
 
@@ -52,7 +46,7 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
-        wait_for(ready, 60, "the controller", sup, interval=0.02)
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/readyz"), 60, "the controller", sup, interval=0.02)
         spec = {
             "name": "restart",
             "model": str(tiny_model_dir),
@@ -74,7 +68,7 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
             kills.append((int(s["step"]), s["phase"]))
             time.sleep(0.3)  # the rest of the loop goes on meanwhile
             sup.start("controller", "magic.controller", controller_env)
-            wait_for(ready, 60, "the restarted controller", sup, interval=0.02)
+            wait_for(lambda: answers(f"http://127.0.0.1:{port}/readyz"), 60, "the restarted controller", sup, interval=0.02)
 
         final = wait_for(lambda: (v := api.get("/v1/runs/restart").json())["status"] in ("finished", "failed") and v, 180, "the run to end", sup, interval=0.02)
         assert final["status"] == "finished", final.get("error")
