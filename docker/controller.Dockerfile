@@ -12,10 +12,17 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/magic \
  && /opt/magic/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+# the dependencies first, from pyproject.toml alone and at the versions CI tests
+# (docker/constraints.txt): a change to the sources reuses this layer
+COPY pyproject.toml ./
+COPY docker/constraints.txt docker/check_versions.py ./
+RUN /opt/magic/bin/python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && /opt/magic/bin/pip install -r requirements.txt -c constraints.txt
+COPY setup.py README.md ./
 COPY proto ./proto
 COPY services ./services
-RUN /opt/magic/bin/pip install .
+RUN /opt/magic/bin/pip install --no-deps . \
+ && /opt/magic/bin/python check_versions.py constraints.txt
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic

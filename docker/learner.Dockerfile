@@ -14,10 +14,19 @@ ARG DEEPSPEED_VERSION=0.19.8
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1 DS_BUILD_OPS=0
 RUN python3 -m pip install "deepspeed==${DEEPSPEED_VERSION}"
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+# the dependencies first, from pyproject.toml alone, never replacing one of vLLM's packages (its
+# installed versions constrain the install); then the build fails unless torch, transformers and fastapi
+# are the versions `make test-vllm-stack` tests (docker/constraints-vllm.txt)
+COPY pyproject.toml ./
+COPY docker/constraints-vllm.txt docker/check_versions.py ./
+RUN python3 -m pip list --format=freeze --exclude-editable > vllm-image.txt \
+ && python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && python3 -m pip install -r requirements.txt -c vllm-image.txt \
+ && python3 check_versions.py constraints-vllm.txt
+COPY setup.py README.md ./
 COPY proto ./proto
 COPY services ./services
-RUN python3 -m pip install . && rm -rf /src
+RUN python3 -m pip install --no-deps . && rm -rf /src
 RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic
 WORKDIR /home/magic
 ENV PYTHONUNBUFFERED=1 HOME=/home/magic HF_HOME=/home/magic/.cache/huggingface \

@@ -2,7 +2,9 @@
 # A reward worker: the math verifier and the sandboxed code runner. CPU only; the chart gives its
 # pods no network egress but DNS and Redis.
 #   docker build -f docker/reward.Dockerfile -t magic-reward:0.1.0 .     (from the repository root)
-# Runs as user 10001 with a read-only root filesystem (the chart mounts /tmp and /home/magic).
+# Runs as user 10001 with a read-only root filesystem (the chart mounts /tmp and /home/magic); the
+# chart runs it as root with SETUID/SETGID (and the few capabilities the sandbox needs) for
+# reward.sandbox.isolation=uid.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
@@ -12,12 +14,24 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/magic \
  && /opt/magic/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+# the dependencies first, from pyproject.toml alone and at the versions CI tests
+# (docker/constraints.txt): a change to the sources reuses this layer
+COPY pyproject.toml ./
+COPY docker/constraints.txt docker/check_versions.py ./
+RUN /opt/magic/bin/python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && /opt/magic/bin/pip install -r requirements.txt -c constraints.txt
+COPY setup.py README.md ./
 COPY proto ./proto
 COPY services ./services
-RUN /opt/magic/bin/pip install .
+RUN /opt/magic/bin/pip install --no-deps . \
+ && /opt/magic/bin/python check_versions.py constraints.txt
 
 FROM ${PYTHON_IMAGE}
+# bubblewrap: the code sandbox's root and namespaces; libseccomp2 (already in the base image, as
+# apt's dependency): the seccomp filter, compiled through the pyseccomp binding
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
+ && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic
 COPY --from=build /opt/magic /opt/magic
 ENV PATH=/opt/magic/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/home/magic \

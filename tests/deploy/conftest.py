@@ -41,8 +41,8 @@ class Query:
         return f"{self.dashboard}/{self.panel}/{self.ref_id}"
 
     def resolved(self, rate_interval: str) -> str:
-        """The PromQL Grafana sends: the template variables replaced (namespace = All)."""
-        return self.expr.replace("$__rate_interval", rate_interval).replace("$namespace", ".*")
+        """The PromQL Grafana sends: the template variables replaced (namespace and release = All)."""
+        return self.expr.replace("$__rate_interval", rate_interval).replace("$namespace", ".*").replace("$release", ".*")
 
 
 def load_dashboards() -> dict[str, dict]:

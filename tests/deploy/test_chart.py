@@ -154,6 +154,7 @@ def test_services_have_probes_and_settings(rendered, name):
     controller = container(pod_spec(docs, "Deployment", "controller"), "controller")
     assert env(controller)["MAGIC_HOST"] == "0.0.0.0"
     assert "secretKeyRef" in env(controller)["MAGIC_API_TOKEN"]
+    assert env(controller)["MAGIC_READ_REQUIRES_TOKEN"] == "true"  # GETs show model and dataset paths
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -189,6 +190,9 @@ def test_vllm_port_is_open_only_to_rollout_and_learner(rendered, name):
     for rule in rules:
         if rule.get("ports") == [{"port": "metrics"}]:
             continue  # /metrics, for Prometheus (networkPolicy.metricsIngressFrom)
+        if rule.get("ports") == [{"port": "vllm"}]:  # vLLM's /metrics: only from the named scrapers, never from anyone
+            assert rule["from"] == value_set(name)["networkPolicy"]["metricsIngressFrom"], rule
+            continue
         sources = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]}
         assert sources == {"rollout", "learner"} and len(rule["from"]) == 2, rule
     learner_rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-learner")["spec"]["ingress"]
@@ -213,13 +217,16 @@ def test_default_values_run_vllm_on_one_gpu_per_pod_with_bundled_redis(rendered)
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
     conf = one(docs, "ConfigMap", f"{RELEASE}-magic-redis")["data"]["redis.conf"]
     assert "appendonly yes" in conf and "maxmemory-policy noeviction" in conf
+    # refuse writes well before the container's memory limit (the fork of an AOF rewrite needs room)
+    assert "maxmemory 3gb" in conf.splitlines()
+    assert container(pod_spec(docs, "StatefulSet", "redis"), "redis")["resources"]["limits"]["memory"] == "4Gi"
     url = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_REDIS_URL"]
     assert url == f"redis://:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"
-    secret = one(docs, "Secret", f"{RELEASE}-magic-redis")
-    import base64
-
-    assert len(base64.b64decode(secret["data"]["redis-password"])) == 32
-    assert len(base64.b64decode(one(docs, "Secret", f"{RELEASE}-magic-auth")["data"]["api-token"])) == 32
+    # neither the password nor the token is given: the hook Job generates both in the cluster
+    job = one(docs, "Job", f"{RELEASE}-magic-secrets")
+    wanted = json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"])
+    assert wanted == [{"name": f"{RELEASE}-magic-auth", "key": "api-token", "length": 32}, {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32}]
+    assert not objects(docs, "Secret")
     # the shared volume is ReadWriteMany and kept on uninstall
     pvc = one(docs, "PersistentVolumeClaim", f"{RELEASE}-magic-data")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -326,7 +333,7 @@ def test_reward_sandbox_isolation_decides_root_and_capabilities(chart):
         spec = pod_spec(render(chart, {"reward": {"sandbox": values}}), "Deployment", "reward")
         return spec, container(spec, "reward")
 
-    spec, c = reward({"isolation": "uid", "namespaces": True})
+    spec, c = reward({"isolation": "uid", "namespaces": True, "podSecurity": "privileged"})
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": SANDBOX_CAPABILITIES + ["SYS_ADMIN"]}
     assert env(c)["MAGIC_SANDBOX__ISOLATION"] == "uid" and env(c)["MAGIC_SANDBOX__NAMESPACES"] == "true"
     spec, c = reward({"isolation": "session", "namespaces": False})
@@ -336,6 +343,25 @@ def test_reward_sandbox_isolation_decides_root_and_capabilities(chart):
     # scoring is served beside /metrics: the Service and the pod expose that one port
     assert [p["name"] for p in c["ports"]] == ["metrics"]
     assert "MAGIC_PORT" not in env(c)
+
+
+def test_reward_sandbox_fails_closed_where_pod_security_forbids_it_and_scoring_needs_the_token(chart):
+    import helm_python as helm
+
+    c = container(pod_spec(render(chart, None), "Deployment", "reward"), "reward")
+    assert env(c)["MAGIC_SANDBOX__BWRAP"] == "auto" and env(c)["MAGIC_SANDBOX__SECCOMP"] == "on"
+    assert env(c)["MAGIC_API_TOKEN"]["secretKeyRef"]["name"] == f"{RELEASE}-magic-auth"
+    for sandbox, message in (
+        ({"isolation": "uid", "podSecurity": "restricted"}, "set reward.sandbox.isolation=session"),
+        ({"isolation": "uid", "namespaces": True}, "adds CAP_SYS_ADMIN"),
+        ({"isolation": "uid", "bwrap": "on"}, "bwrap=on needs CAP_SYS_ADMIN"),
+    ):
+        with pytest.raises(helm.HelmError) as exc:
+            chart.render(values={"reward": {"sandbox": sandbox}}, name=RELEASE, namespace=NAMESPACE)
+        assert message in str(exc.value), (sandbox, str(exc.value))
+    # the mode that works under "restricted": non-root, no capabilities
+    spec = pod_spec(render(chart, {"reward": {"sandbox": {"isolation": "session", "podSecurity": "restricted"}}}), "Deployment", "reward")
+    assert spec["securityContext"]["runAsNonRoot"] is True and "add" not in container(spec, "reward")["securityContext"]["capabilities"]
 
 
 def test_service_monitor_can_be_forced_on_or_off(chart):

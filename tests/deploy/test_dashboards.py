@@ -11,8 +11,15 @@ pytestmark = pytest.mark.deploy
 
 QUERIES = dashboard_queries()
 
-TARGET_LABELS = {"component", "namespace", "job", "instance", "pod", "service", "endpoint", "container"}
-"""Labels Prometheus attaches at scrape time (the ServiceMonitor sets `component`)."""
+TARGET_LABELS = {"component", "release", "namespace", "job", "instance", "pod", "service", "endpoint", "container"}
+"""Labels Prometheus attaches at scrape time (the ServiceMonitor sets `component` and `release`)."""
+
+VLLM_SERIES = {
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+    "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+}
+"""vLLM's own series (V1 engine, the pinned vLLM's /metrics on the rollout pods' vllm port) the
+System dashboard queries; not exported by MAGIC, so not checked against its registry."""
 
 
 def selectors(expr: str):
@@ -77,6 +84,10 @@ def test_query_is_valid_promql(query):
 @pytest.mark.parametrize("query", QUERIES, ids=[q.id for q in QUERIES])
 def test_every_queried_metric_and_label_is_exported(query, exported):
     for name, matchers in selectors(query.resolved("1m")):
+        if name.startswith("vllm:"):
+            assert name in VLLM_SERIES, f"{query.id}: {name} is not one of vLLM's series"
+            assert matchers.get("component") == ("MatchOp.Equal", "rollout"), query.id
+            continue
         assert name in exported, f"{name} is queried by {query.id} but no service exports it"
         unknown = set(matchers) - exported[name] - TARGET_LABELS
         assert not unknown, f"{query.id}: {name} has no label(s) {unknown} (it has {sorted(exported[name])})"
@@ -107,3 +118,72 @@ def test_system_dashboard_covers_the_services():
     assert expected <= queried("system"), expected - queried("system")
     sandbox = [q for q in QUERIES if q.panel == "Sandbox outcomes"]
     assert sandbox and all('kind="code"' in q.expr for q in sandbox)
+
+
+def test_every_query_selects_one_release_and_namespace():
+    """Two releases in one namespace never merge: every selector filters on $release and $namespace."""
+    for board in load_dashboards().values():
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["release"]["type"] == "query" and "release)" in variables["release"]["query"]["query"]
+    for query in QUERIES:
+        for name, matchers in selectors(query.expr.replace("$__rate_interval", "1m")):
+            assert matchers.get("release") == ("MatchOp.Re", "$release"), f"{query.id}: {name} is not limited to $release"
+            assert matchers.get("namespace") == ("MatchOp.Re", "$namespace"), f"{query.id}: {name} is not limited to $namespace"
+
+
+def panels():
+    for name, board in load_dashboards().items():
+        for panel in board["panels"]:
+            if panel["type"] != "row":
+                yield name, panel
+
+
+def test_every_panel_has_a_real_unit():
+    """'short' (a bare number) is no unit: entropy is in nats, lengths in tokens, rates per second."""
+    for name, panel in panels():
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit and unit != "short", f"{name}/{panel['title']}: unit {unit!r}"
+        text = (panel["title"] + " " + " ".join(t["expr"] for t in panel["targets"])).lower()
+        if "entropy" in panel["title"].lower() and "coefficient" not in panel["title"].lower():
+            assert unit == "suffix: nats", panel["title"]
+        if ("response length" in panel["title"].lower() or "context length" in panel["title"].lower() and "stage" not in panel["title"].lower()) or "tokens / s" in panel["title"]:
+            assert "tokens" in unit, (panel["title"], unit)
+        if "rate(" in text and "histogram_quantile" not in text and "vllm" not in text:
+            assert unit.endswith("/s"), (panel["title"], unit)
+
+
+def thresholds_of(board: str, title: str) -> list[float]:
+    (panel,) = [p for n, p in panels() if n == board and p["title"] == title]
+    return [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
+
+
+def test_thresholds_mark_what_the_alerts_watch():
+    import yaml
+
+    from .conftest import CHART
+
+    alerts = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["alerts"]
+    assert thresholds_of("training", "Truncated responses (clip ratio)") == [alerts["clipRatioRunaway"]["threshold"]]
+    assert thresholds_of("training", "Truncated") == [alerts["clipRatioRunaway"]["threshold"]]
+    assert thresholds_of("system", "Dead letters") == [1]
+    for board, title in [("training", "PPO clip fraction"), ("training", "Zero-advantage groups"), ("system", "Reward latency"), ("system", "vLLM KV cache usage")]:
+        assert thresholds_of(board, title), title
+    styled = [p["title"] for _, p in panels() if p["type"] == "timeseries" and p["fieldConfig"]["defaults"].get("thresholds")]
+    for _, panel in panels():
+        if panel["title"] in styled:
+            assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off", panel["title"]
+
+
+def test_step_indexed_views_plot_against_the_learner_step():
+    board = load_dashboards()["training"]
+    xy = [p for p in board["panels"] if p["type"] == "xychart"]
+    assert {p["title"] for p in xy} == {"Entropy by step", "Accuracy and truncation by step"}
+    for panel in xy:
+        x = next(t for t in panel["targets"] if t["legendFormat"] == panel["options"]["dims"]["x"])
+        assert [name for name, _ in selectors(x["expr"].replace("$release", ".*").replace("$namespace", ".*"))] == ["magic_learner_step"]
+        assert panel["transformations"] == [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}]
+
+
+def test_vllm_engine_panels():
+    names = {name for q in QUERIES if q.dashboard == "system" for name, _ in selectors(q.resolved("1m"))}
+    assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total"} <= names

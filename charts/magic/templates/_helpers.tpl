@@ -48,25 +48,52 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: magic
 {{- end }}
 
+{{/* The labels of a pod template: the selector labels and part-of, but neither the chart's
+version nor appVersion, so that a chart bump alone restarts no pod: (dict "root" $ "component" c) */}}
+{{- define "magic.podLabels" -}}
+{{ include "magic.selectorLabels" . }}
+app.kubernetes.io/part-of: magic
+{{- end }}
+
 {{/* Pods ---------------------------------------------------------------------------------- */}}
 
 {{/* image reference of a component's values: (dict "root" $ "image" .Values.rollout.image) */}}
+{{/* repository:tag, or repository@digest when a digest is set (the tag is then only informative:
+repository:tag@digest, which the runtime pulls by digest) */}}
 {{- define "magic.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- $ref := printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- with .image.digest }}
+{{- $ref = printf "%s@%s" $ref . }}
+{{- end }}
+{{- $ref }}
 {{- end }}
 
-{{/* Pod-level fields every pod shares: (dict "root" $ "values" .Values.rollout) */}}
+{{/* Pod-level fields every pod shares: (dict "root" $ "values" .Values.rollout); optionally
+"serviceAccountName" and "automountToken" (only the secrets hook Job talks to the API server) */}}
 {{- define "magic.podCommon" -}}
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-serviceAccountName: {{ include "magic.serviceAccountName" .root }}
-automountServiceAccountToken: false
+serviceAccountName: {{ .serviceAccountName | default (include "magic.serviceAccountName" .root) }}
+automountServiceAccountToken: {{ .automountToken | default false }}
 securityContext:
   {{- mergeOverwrite (deepCopy .root.Values.podSecurityContext) (.values.podSecurityContext | default dict) | toYaml | nindent 2 }}
 {{- with .values.runtimeClassName }}
 runtimeClassName: {{ . }}
+{{- end }}
+{{- with (.values.priorityClassName | default .root.Values.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with (.values.schedulerName | default .root.Values.schedulerName) }}
+schedulerName: {{ . }}
+{{- end }}
+{{- if not (kindIs "invalid" .values.terminationGracePeriodSeconds) }}
+terminationGracePeriodSeconds: {{ int .values.terminationGracePeriodSeconds }}
+{{- end }}
+{{- with .values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
@@ -87,12 +114,15 @@ affinity:
 {{- mergeOverwrite (deepCopy .root.Values.securityContext) (.values.securityContext | default dict) | toYaml }}
 {{- end }}
 
-{{/* resources with `gpus` NVIDIA GPUs added to requests and limits: (dict "resources" ... "gpus" n) */}}
+{{/* resources with `gpus` GPUs of extended resource `name` (default nvidia.com/gpu; e.g.
+amd.com/gpu, or a MIG profile nvidia.com/mig-3g.40gb) added to requests and limits:
+(dict "resources" ... "gpus" n "name" resourceName) */}}
 {{- define "magic.resources" -}}
 {{- $r := deepCopy (.resources | default dict) }}
+{{- $name := .name | default "nvidia.com/gpu" }}
 {{- if gt (int .gpus) 0 }}
-{{- $_ := set $r "limits" (merge (dict "nvidia.com/gpu" (int .gpus)) ($r.limits | default dict)) }}
-{{- $_ := set $r "requests" (merge (dict "nvidia.com/gpu" (int .gpus)) ($r.requests | default dict)) }}
+{{- $_ := set $r "limits" (merge (dict $name (int .gpus)) ($r.limits | default dict)) }}
+{{- $_ := set $r "requests" (merge (dict $name (int .gpus)) ($r.requests | default dict)) }}
 {{- end }}
 {{- toYaml $r }}
 {{- end }}
@@ -197,6 +227,9 @@ its own pod IP (expanded by Kubernetes from MAGIC_POD_IP) as the NCCL rendezvous
     medium: Memory
     sizeLimit: {{ . }}
 {{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "magic.volumeMounts" -}}
@@ -211,6 +244,9 @@ its own pod IP (expanded by Kubernetes from MAGIC_POD_IP) as the NCCL rendezvous
 {{- if .shmSize }}
 - name: shm
   mountPath: /dev/shm
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -234,20 +270,33 @@ readinessProbe:
 {{- if or (eq $on "true") (and (eq $on "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) }}true{{ end }}
 {{- end }}
 
-{{/* A generated secret value that survives upgrades: (dict "root" $ "name" secretName "key" k
-     "value" given "length" n) -> the given value, else the one already in the cluster's Secret,
-     else a new random one. */}}
-{{- define "magic.secretValue" -}}
-{{- if .value }}
-{{- .value }}
-{{- else }}
-{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name }}
-{{- if and $existing (hasKey ($existing.data | default dict) .key) }}
-{{- index $existing.data .key | b64dec }}
-{{- else }}
-{{- randAlphaNum (int .length) }}
+{{/* Secrets --------------------------------------------------------------------------------- */}}
+
+{{/* The Secrets the chart needs but whose values are neither given in values nor in an existing
+Secret: generated once, in the cluster, by the pre-install/pre-upgrade hook Job (secrets-job.yaml),
+never at render time, so that two renders (helm template, Argo CD, Flux) are identical.
+A list of {name, key, length}. */}}
+{{- define "magic.generatedSecrets" -}}
+{{- $out := list }}
+{{- if and (not .Values.auth.existingSecret) (not .Values.auth.apiToken) }}
+{{- $out = append $out (dict "name" (include "magic.apiTokenSecretName" .) "key" .Values.auth.existingSecretKey "length" 32) }}
 {{- end }}
+{{- if and .Values.redis.enabled .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) (not .Values.redis.auth.password) }}
+{{- $out = append $out (dict "name" (include "magic.redisSecretName" .) "key" .Values.redis.auth.existingSecretPasswordKey "length" 32) }}
 {{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* checksum/secrets of a pod: what it reads from Secrets, as far as the chart knows it (given
+values and Secret names; a generated value never changes). "token": whether the pod reads the
+API token (the controller, and the reward pods for POST /v1/score). (dict "root" $ "token" bool) */}}
+{{- define "magic.secretsChecksum" -}}
+{{- $v := .root.Values }}
+{{- $in := dict "redis" (dict "enabled" $v.redis.enabled "auth" $v.redis.auth "external" $v.externalRedis) }}
+{{- if .token }}
+{{- $_ := set $in "auth" $v.auth }}
+{{- end }}
+{{- toJson $in | sha256sum }}
 {{- end }}
 
 {{/* NetworkPolicy pieces -------------------------------------------------------------------- */}}
@@ -259,12 +308,16 @@ readinessProbe:
       {{- include "magic.selectorLabels" . | nindent 6 }}
 {{- end }}
 
-{{/* An ingress rule for `port` from `peers` (empty: from anywhere): (dict "port" p "peers" list) */}}
+{{/* An ingress rule for `port` from `peers`: (dict "port" p "peers" list "open" bool). Empty
+peers give a rule open to every source only when "open" is true (a port that serves nothing but
+metrics); otherwise no rule at all, so an empty list never opens a port that does more. */}}
 {{- define "magic.ingressRule" -}}
+{{- if or .peers .open }}
 - ports:
     - port: {{ .port }}
   {{- with .peers }}
   from:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
 {{- end }}
