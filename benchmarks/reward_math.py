@@ -24,7 +24,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from magic.common.config import MathRewardSettings, RewardSettings
+from magic.reward.settings import MathRewardSettings, RewardSettings
 from magic.reward.scoring import Sample, Scorer
 
 CORPUS = Path(__file__).parents[1] / "tests" / "data" / "reward" / "math_corpus.jsonl"

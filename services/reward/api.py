@@ -2,7 +2,7 @@
 
 Served on the same port as /metrics, /livez and /readyz (``MAGIC_METRICS_PORT``)::
 
-    curl -s localhost:9100/v1/score -H 'content-type: application/json' -d '{"samples": [
+    curl -s localhost:9100/v1/score -H "Authorization: Bearer $MAGIC_API_TOKEN" -H 'content-type: application/json' -d '{"samples": [
       {"data_source": "math", "response": "... \\\\boxed{42}", "ground_truth": "42"},
       {"data_source": "code", "response": "```python\\nprint(int(input())*2)\\n```",
        "ground_truth": "{\\"type\\": \\"stdin_stdout\\", \\"inputs\\": [\\"2\\"], \\"outputs\\": [\\"4\\"]}"}]}'
@@ -10,16 +10,21 @@ Served on the same port as /metrics, /livez and /readyz (``MAGIC_METRICS_PORT``)
     {"scores": [{"kind": "math", "reward": 1.0, "correctness": 1.0, "verdict": "correct",
                  "penalties": {}, "details": "same text as the gold; answer='42'", "seconds": 0.001}, ...]}
 
-A request that is not JSON gets 400, one that does not match the schema 422 (with pydantic's
-errors), more than ``max_request_samples`` samples 413, and 503 until the service is ready.
+Every request needs ``Authorization: Bearer $MAGIC_API_TOKEN``: without it 401; a service
+with no token configured refuses every request with 403 (the endpoint runs submitted code, so
+it never runs open). A request that is not JSON gets 400, one that does not match the schema
+422 (with pydantic's errors), more than ``max_request_samples`` samples 413, and 503 until the
+service is ready.
 A sample that cannot be judged is still answered, with verdict ``error`` and the reason.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from magic.common.pb import messages_pb2 as pb
 from magic.reward.scoring import Sample, Scorer
@@ -68,11 +73,15 @@ def score_json(score: pb.Score, kind: str) -> dict:
 class ScoreAPI:
     """POST /v1/score over a shared `Scorer`."""
 
-    def __init__(self, scorer: Scorer, max_samples: int):
+    def __init__(self, scorer: Scorer, max_samples: int, token: SecretStr | None):
         self.scorer = scorer
         self.max_samples = max_samples
+        self.token = token
 
-    def handle(self, body: bytes) -> tuple[int, bytes, str]:
+    def handle(self, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes, str]:
+        refused = authorize(headers.get("Authorization"), self.token)
+        if refused:
+            return refused
         if not self.scorer.ready():
             return _error(503, "the reward service is not ready yet")
         try:
@@ -89,6 +98,23 @@ class ScoreAPI:
         scores = self.scorer.score_many(samples)
         out = [score_json(sc, self.scorer.kind(s.data_source)) for sc, s in zip(scores, samples)]
         return 200, json.dumps({"scores": out}).encode(), JSON
+
+
+def authorize(header: str | None, token: SecretStr | None) -> tuple[int, bytes, str] | None:
+    """None when `header` carries the bearer `token`; else the refusal (403 when no token is set).
+
+    >>> t = SecretStr("s" * 16)
+    >>> authorize("Bearer " + "s" * 16, t) is None, authorize(None, t)[0], authorize("Bearer x", t)[0], authorize("Bearer x", None)[0]
+    (True, 401, 401, 403)
+    """
+    if token is None:
+        return _error(403, "POST /v1/score is disabled: this reward service has no MAGIC_API_TOKEN (it runs submitted code)")
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return _error(401, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)")
+    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+        return _error(401, "wrong bearer token")
+    return None
 
 
 def _error(status: int, message: str) -> tuple[int, bytes, str]:

@@ -26,12 +26,12 @@ Judging follows LiveCodeBench's ``testing_util.py``:
   but ``0.333`` does not equal ``0.3333``: no float tolerance);
 * **call** — a tuple result counts as a list, then ``result == expected`` with Python equality
   on the JSON-decoded expected value;
-* **assert** — every ``assert <expr> == <literal>`` (or ``<literal> == <expr>``, or
-  ``assert <expr> is True/False/None``) is rewritten so that the program's side only reports
-  the value of ``<expr>``; the literal stays in the reward process, which compares. Other
-  asserts are evaluated inside the sandbox on plain data. A test passes when it ran to its end,
-  every report matched, and every assert that is not inside a loop, branch or ``try`` reported
-  at least once (so a program cannot pass by silencing the reports).
+* **assert** — the test code runs in a *judge* process that the program cannot reach; every
+  name the program defines is, in the judge, a stand-in whose calls go to the program's process
+  as requests and come back as plain data (`sandbox_child`, the ``call`` model generalised).
+  The test passes when the judge ran the test code to its end; every comparison is the
+  judge's. Nothing the program writes or does (forged reports, ``os._exit``, patched frames)
+  can make the judge report completion.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from magic.reward.sandbox_child import WireError, unplain
+
+__all__ = ["WireError"]  # raised by from_wire and read_reports; defined with the wire format
 
 
 class GroundTruthError(ValueError):
@@ -194,38 +198,14 @@ def stdout_matches(output: str, expected: str) -> tuple[bool, str]:
 # -- call: values as plain data ------------------------------------------------------------------
 
 
-class WireError(ValueError):
-    """A value reported by the sandbox is not well-formed plain data."""
+def from_wire(obj: Any) -> Any:
+    """Decode plain data reported by the sandbox (tagged tuples, sets, dicts, bytes, complex);
+    WireError if malformed. One home: `sandbox_child.unplain`, shared with the judge.
 
-
-def from_wire(obj: Any, depth: int = 0) -> Any:
-    """Decode plain data reported by the sandbox (tagged tuples, sets, dicts, bytes, complex)."""
-    if depth > 200:
-        raise WireError("data nested too deeply")
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, list):
-        return [from_wire(v, depth + 1) for v in obj]
-    if isinstance(obj, dict) and len(obj) == 1:
-        (tag, v), = obj.items()
-        if tag == "$t" and isinstance(v, list):
-            return tuple(from_wire(x, depth + 1) for x in v)
-        if tag in ("$s", "$fs") and isinstance(v, list):
-            items = [from_wire(x, depth + 1) for x in v]
-            try:
-                return set(items) if tag == "$s" else frozenset(items)
-            except TypeError as exc:
-                raise WireError("unhashable set element") from exc
-        if tag == "$d" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
-            try:
-                return {from_wire(k, depth + 1): from_wire(x, depth + 1) for k, x in v}
-            except TypeError as exc:
-                raise WireError("unhashable dict key") from exc
-        if tag == "$b" and isinstance(v, str):
-            return bytes.fromhex(v)
-        if tag == "$c" and isinstance(v, list) and len(v) == 2:
-            return complex(float(v[0]), float(v[1]))
-    raise WireError(f"not plain data: {type(obj).__name__}")
+    >>> from_wire({"$t": [1, {"$s": ["a"]}]})
+    (1, {'a'})
+    """
+    return unplain(obj)
 
 
 def call_matches(value: Any, expected: Any) -> bool:
@@ -256,150 +236,3 @@ def read_reports(text: str, limit: int = 100_000) -> list[dict]:
             raise WireError("report lines must be objects")
         out.append(obj)
     return out
-
-
-# -- assert: moving expected values out of the sandbox -------------------------------------------
-
-_NO_LITERAL = object()
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """What the reward process expects for one rewritten assert."""
-
-    value: Any
-    identity: bool = False  # "is True/False/None": the value must be exactly that object
-
-
-@dataclass
-class RewrittenTest:
-    """A test with its literal expectations taken out (see the module docstring)."""
-
-    code: str
-    expectations: dict[int, Expectation] = field(default_factory=dict)
-    mandatory: set[int] = field(default_factory=set)  # reported at least once when the test completes
-
-
-def _literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NO_LITERAL
-
-
-class _AssertRewriter(ast.NodeTransformer):
-    def __init__(self) -> None:
-        self.out = RewrittenTest(code="")
-        self._nested = 0
-        self._next = 0
-
-    def _guarded(self, node):
-        self._nested += 1
-        try:
-            return self.generic_visit(node)
-        finally:
-            self._nested -= 1
-
-    visit_If = visit_For = visit_While = visit_Try = visit_With = visit_AsyncFor = _guarded  # noqa: N815
-    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _guarded  # noqa: N815
-
-    def visit_FunctionDef(self, node):  # noqa: N802 — a function body starts a fresh nesting level
-        saved, self._nested = self._nested, 0
-        try:
-            return self.generic_visit(node)
-        finally:
-            self._nested = saved
-
-    def visit_Assert(self, node: ast.Assert):  # noqa: N802
-        i = self._next
-        self._next += 1
-        call = self._expectation(i, node.test)
-        if call is None:
-            call = _call("__magic_truth__", i, node.test)
-        if not self._nested:
-            self.out.mandatory.add(i)
-        return ast.copy_location(ast.Expr(call), node)
-
-    def _expectation(self, i: int, test: ast.AST):
-        if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
-            return None
-        left, op, right = test.left, test.ops[0], test.comparators[0]
-        if isinstance(op, ast.Eq):
-            for expr, lit in ((left, right), (right, left)):
-                value = _literal(lit)
-                if value is not _NO_LITERAL:
-                    self.out.expectations[i] = Expectation(value)
-                    return _call("__magic_expect__", i, expr)
-        if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (True, False, None):
-            self.out.expectations[i] = Expectation(right.value, identity=True)
-            return _call("__magic_expect__", i, left)
-        return None
-
-
-def _call(name: str, i: int, arg: ast.AST) -> ast.Call:
-    return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=[ast.Constant(i), arg], keywords=[])
-
-
-def rewrite_asserts(test_code: str) -> RewrittenTest:
-    """Take the literal expectations out of a test's asserts (SyntaxError if it does not parse).
-
-    >>> t = rewrite_asserts("assert f(2) == 4\\nfor x in range(3):\\n    assert f(x) >= 0")
-    >>> print(t.code)
-    __magic_expect__(0, f(2))
-    for x in range(3):
-        __magic_truth__(1, f(x) >= 0)
-    >>> t.expectations, t.mandatory
-    ({0: Expectation(value=4, identity=False)}, {0})
-    """
-    tree = ast.parse(test_code)
-    rewriter = _AssertRewriter()
-    tree = ast.fix_missing_locations(rewriter.visit(tree))
-    rewriter.out.code = ast.unparse(tree)
-    return rewriter.out
-
-
-def judge_reports(reports: list[dict], test: RewrittenTest) -> tuple[bool, str]:
-    """Did an assert-based test pass, given what its program side reported?"""
-    seen: set[int] = set()
-    completed = False
-    for rep in reports:
-        if rep.get("completed") is True:
-            completed = True
-        elif "e" in rep:
-            i = rep["e"]
-            exp = test.expectations.get(i) if isinstance(i, int) else None
-            if exp is None:
-                return False, f"report for an unknown assert {i!r}"
-            value = from_wire(rep.get("v"))
-            ok = value is exp.value if exp.identity else _equal(value, exp.value)
-            if not ok:
-                return False, f"assert {i} failed: got {_short(value)}, expected {_short(exp.value)}"
-            seen.add(i)
-        elif "t" in rep:
-            if rep.get("ok") is not True:
-                return False, f"assert {rep.get('t')} failed"
-            if isinstance(rep["t"], int):
-                seen.add(rep["t"])
-        else:
-            return False, "unrecognised report"
-    if not completed:
-        return False, "the test did not run to its end"
-    missing = sorted(test.mandatory - seen)
-    if missing:
-        return False, f"asserts {missing[:5]} never reported"
-    return True, ""
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except RecursionError:
-        return False
-
-
-def _short(value: Any) -> str:
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # e.g. an int too long to print
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."

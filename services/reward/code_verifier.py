@@ -25,14 +25,11 @@ from magic.reward.code_tests import (
     AssertTests,
     CallTests,
     GroundTruthError,
-    RewrittenTest,
     WireError,
     call_matches,
     from_wire,
-    judge_reports,
     parse_ground_truth,
     read_reports,
-    rewrite_asserts,
     stdout_matches,
 )
 from magic.reward.math_extract import answer_region
@@ -148,18 +145,17 @@ class CodeVerifier:
             tests = [{"i": k, "args": args} for k, args in enumerate(spec.inputs)]
             return Program("call", code, fn_name=spec.fn_name), tests, judge_call
         if isinstance(spec, AssertTests):
-            rewritten: list[RewrittenTest] = []
             for k, test_code in enumerate(spec.tests):
-                try:
-                    rewritten.append(rewrite_asserts(test_code))
-                except (SyntaxError, ValueError, RecursionError) as exc:
-                    raise GroundTruthError(f"test {k + 1} of the ground truth is not valid Python: {exc}") from None
+                bad = syntax_error(test_code)
+                if bad:
+                    raise GroundTruthError(f"test {k + 1} of the ground truth is not valid Python: {bad}")
 
             def judge_assert(test: dict, run: TestRun) -> str | None:
-                ok, why = judge_reports(read_reports(run.report), rewritten[test["i"]])
-                return None if ok else why
+                # the judge process (trusted) ran the test code: only its completion counts
+                reports = read_reports(run.report)
+                return None if reports == [{"completed": True}] else "the test did not run to its end"
 
-            tests = [{"i": k, "code": t.code} for k, t in enumerate(rewritten)]
+            tests = [{"i": k, "code": code} for k, code in enumerate(spec.tests)]
             return Program("assert", code, entry_point=spec.entry_point), tests, judge_assert
         outputs = list(spec.outputs)
 

@@ -198,6 +198,30 @@ _MIXED_NUMBER = re.compile(r"^(-?)(\d{1,9})\s*\\frac\{(\d{1,9})\}\{(\d{1,9})\}$"
 MAX_ITEMS = 32
 """An answer listing more values than this is not compared (judged not equal)."""
 _MATH_WORDS = {"sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "infty", "inf"}
+_BINARY_SIGN = re.compile(r"(?<=[\w})\]])\s*[+-]")
+"""A plus or minus after an operand: the text is a sum, not a single quantity."""
+_CLOCK_TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(?:\\text\{\s*)?(a\.?m\.?|p\.?m\.?)?(?:\s*\})?$", re.IGNORECASE)
+"""``12:00``, ``9:05 pm``, ``10:30:15``: a time of day (never a ratio or a division)."""
+_FUNCTION_HEAD = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
+"""``f(x) = ...``: a function given by its rule; the rule is the answer, in its variable."""
+_MEMBER_OF = re.compile(r"^[A-Za-z]\s*\\in\s*(.+)$")
+"""``x \\in [1, 2)``: the answer is the set after ``\\in``."""
+_SET_BUILDER = re.compile(r"^\\\{\s*([A-Za-z])\s*(?:\||\\mid|:)\s*(.+?)\s*\\\}$")
+"""``\\{x \\mid -1 < x < 1\\}``: the set of the x satisfying a condition."""
+
+
+def clock_time(s: str) -> str | None:
+    """A time of day, normalised (``09:05 PM`` -> ``9:05 pm``); None when `s` is not one.
+
+    >>> clock_time("12:00"), clock_time("09:05 P.M."), clock_time("3:2"), clock_time("1:75")
+    ('12:00', '9:05 pm', None, None)
+    """
+    m = _CLOCK_TIME.match(s.strip())
+    if not m or int(m.group(2)) > 59 or int(m.group(1)) > 24:
+        return None
+    hm = f"{int(m.group(1))}:{m.group(2)}" + (f":{m.group(3)}" if m.group(3) else "")
+    half = (m.group(4) or "").lower().replace(".", "")
+    return f"{hm} {half}" if half else hm
 
 
 def _strip_dollar(s: str) -> tuple[str, bool]:
@@ -228,6 +252,8 @@ def _split_unit(s: str) -> tuple[str, str]:
     value = s[: m.start()].strip()
     if not value or value[-1] in "+-*/^_=(\\":
         return s, ""
+    if not wrapped and _BINARY_SIGN.search(value):
+        return s, ""  # "1+2m": a letter inside an expression is a variable, not a unit
     return value, tail
 
 
@@ -261,7 +287,14 @@ def read_item(raw: str) -> Item:
         item.decimals = len(s.split(".")[1])
     if "\\circ" in s or "°" in s:  # degrees inside an expression: \sin 30^\circ
         s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", r"\\cdot \\frac{\\pi}{180}", s)
+    head = _FUNCTION_HEAD.match(s)
+    if head and "=" not in head.group(2) and re.search(rf"(?<![A-Za-z\\]){head.group(1)}(?![A-Za-z])", head.group(2)):
+        s = head.group(2)  # the rule, when it uses the variable ("f(x) = 0" stays an equation)
+    else:
+        head = None
     item.expr = parse_latex(s)
+    if head and item.expr is not None and head.group(1) != "x":  # f(z) = z is the rule f(x) = x
+        item.expr = item.expr.subs({v: sympy.Symbol("x", **v.assumptions0) for v in item.expr.free_symbols if getattr(v, "name", "") == head.group(1)})
     return item
 
 
@@ -275,7 +308,7 @@ def parse_latex(s: str) -> Basic | MatrixBase | None:
         return None
     config = LatexExtractionConfig(
         boxed_match_priority=0,
-        normalization_config=NormalizationConfig(basic_latex=True, units=True, malformed_operators=True, nits=True, boxed="all", equations=False),
+        normalization_config=NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False),
     )
     try:
         out = parse("\\boxed{" + s + "}", extraction_config=[config], parsing_timeout=None)
@@ -338,10 +371,20 @@ def read(answer: str, choice: bool = True) -> Reading:
     if letter is not None:
         reading.choice = letter
         return reading
+    clock = clock_time(text)
+    if clock is not None:
+        reading.words = clock
+        return reading
     words = _text_answer(text)
     if words is not None:
         reading.words = words
         return reading
+    builder = _SET_BUILDER.match(text)
+    if builder and _INEQUALITY.search(builder.group(2)):
+        text = builder.group(2)  # {x | -1 < x < 1} is the interval the condition describes
+    member = _MEMBER_OF.match(text)
+    if member:
+        text = member.group(1)  # "x \in (-6, 10)": the set itself
     body, is_set = _unwrap_set(text)
     body = merge_thousands(body)
     parts = split_top_level(_LIST_WORDS.sub(", ", body) if not is_set else body)
@@ -699,7 +742,7 @@ def equivalent(gold: str, answer: str, choices: dict[str, str] | None = None) ->
     if g.choice or p.choice:
         return _judge_choice(g, p, choices or {})
     if g.words or p.words:
-        ok = g.words is not None and g.words == _plain_words(p.text)
+        ok = g.words is not None and (g.words == p.words or g.words == _plain_words(p.text))
         return Judgement(ok, "same words" if ok else "different words")
     if len(p.items) > 1 and len(g.items) == 1 and _as_sequence(g.items[0].expr) is not None:
         point = _point_from_assignments(p.items)  # "x = 2, y = -3" for the point (2, -3)

@@ -135,9 +135,14 @@ _FINAL_ANSWER = re.compile(
 )
 
 
+_GSM8K_ANSWER = re.compile(r"(?:^|\n)\s*####\s*([^\n]{1,300}?)\s*$")
+"""GSM8K's (and verl's gsm8k reward's) answer line, ending the response: ``#### 72``."""
+
+
 def extract_answer(response: str) -> str | None:
-    """The final answer of a response: the last boxed expression after the reasoning, else an
-    explicit final-answer statement ending the response; None when there is neither.
+    """The final answer of a response: the last boxed expression after the reasoning, else a
+    GSM8K answer line (``#### 72``) or an explicit final-answer statement ending the response;
+    None when there is none.
 
     >>> extract_answer("<think>maybe \\\\boxed{3}</think> so \\\\boxed{4}")
     '4'
@@ -145,6 +150,8 @@ def extract_answer(response: str) -> str | None:
     '12'
     >>> extract_answer("<think>\\\\boxed{17}</think> I am not sure") is None
     True
+    >>> extract_answer("3 + 4 = 7 bags, so 72 in all.\\n#### 72")
+    '72'
     """
     region = answer_region(response)
     if region is None:
@@ -153,6 +160,9 @@ def extract_answer(response: str) -> str | None:
     if boxes:
         return ", ".join(b.strip() for b in boxes)
     tail = region[-_ANSWER_TAIL_CHARS:].rstrip()
+    gsm8k = _GSM8K_ANSWER.search(tail)
+    if gsm8k:
+        return gsm8k.group(1).strip().strip("$").strip() or None
     last = None
     for m in _FINAL_ANSWER.finditer(tail):
         last = m
@@ -168,6 +178,7 @@ _LATEX_NOISE = [
     ("\\displaystyle", ""),
     ("\\dfrac", "\\frac"),
     ("\\tfrac", "\\frac"),
+    ("\\cfrac", "\\frac"),
     ("\\left", ""),
     ("\\right", ""),
     ("\\!", ""),
@@ -183,6 +194,20 @@ _LATEX_NOISE = [
     ("\\textrm", "\\text"),
     ("{,}", ","),
     ("\u2212", "-"),  # unicode minus
+    # Unicode mathematics, as models and datasets write it: the LaTeX it stands for
+    ("\u221e", "\\infty "),  # ∞
+    ("\u222a", "\\cup "),  # ∪
+    ("\u2229", "\\cap "),  # ∩
+    ("\u2264", "\\le "),  # ≤
+    ("\u2265", "\\ge "),  # ≥
+    ("\u2260", "\\ne "),  # ≠
+    ("\u2208", "\\in "),  # ∈
+    ("\u2205", "\\emptyset "),  # ∅
+    ("\u03c0", "\\pi "),  # π
+    ("\u00d7", "\\times "),  # ×
+    ("\u22c5", "\\cdot "),  # ⋅
+    ("\u00b7", "\\cdot "),  # ·
+    ("\u211d", "\\mathbb{R}"),  # ℝ
 ]
 
 
@@ -193,10 +218,13 @@ def clean_latex(s: str) -> str:
     '\\\\frac{1}{2}'
     >>> clean_latex(r"\\left( 1,\\! 3 \\right]")
     '( 1, 3 ]'
+    >>> clean_latex(r"\\begin{pmatrix}1\\\\ 2\\end{pmatrix}")  # a row break followed by a space
+    '\\\\begin{pmatrix}1\\\\\\\\ 2\\\\end{pmatrix}'
     """
-    s = s.strip()
+    s = s.strip().replace("\\\\", "\x00")  # a row break is never spacing: keep it out of reach
     for old, new in _LATEX_NOISE:
         s = s.replace(old, new)
+    s = s.replace("\x00", "\\\\")
     s = s.strip().rstrip(".").strip()
     while s[:1] == "$" and s[-1:] == "$" and len(s) >= 2:
         s = s[1:-1].strip()

@@ -24,9 +24,11 @@ per response from any thread by killing the worker process that overruns.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
+from magic.common.registry import Registry
 from magic.reward.verdict import Status, Verdict
 
 MathVerdict = Verdict
@@ -34,26 +36,16 @@ MathVerdict = Verdict
 
 
 MathVerifier = Callable[..., MathVerdict]
-VERIFIERS: dict[str, MathVerifier] = {}
+VERIFIERS: Registry[MathVerifier] = Registry("math verifier")
 
 
-def register(name: str) -> Callable[[MathVerifier], MathVerifier]:
-    """Register a math verifier under `name`; registering a name twice is an error."""
-
-    def deco(fn: MathVerifier) -> MathVerifier:
-        if name in VERIFIERS:
-            raise ValueError(f"math verifier {name!r} is already registered")
-        VERIFIERS[name] = fn
-        return fn
-
-    return deco
+register = VERIFIERS.register
+"""Decorator registering a math verifier under a name (twice is an error)."""
 
 
 def get_verifier(name: str) -> MathVerifier:
-    try:
-        return VERIFIERS[name]
-    except KeyError:
-        raise ValueError(f"unknown math verifier {name!r}; known: {sorted(VERIFIERS)}") from None
+    """The math verifier registered under `name` (ValueError listing the known ones otherwise)."""
+    return VERIFIERS.lookup(name)
 
 
 MAX_ANSWER_CHARS = 1000
@@ -83,11 +75,40 @@ def verify_magic(response: str, gold: str, problem: str = "") -> MathVerdict:
     shown = answer[:200]
     if len(answer) > MAX_ANSWER_CHARS or brace_depth(answer) > MAX_NESTING:
         return MathVerdict(Status.wrong, shown, "answer too long or too deeply nested to be a final answer", time.perf_counter() - t0)
-    if clean_latex(answer) == clean_latex(gold):
+    golds = gold_answers(gold)
+    if any(clean_latex(answer) == clean_latex(g) for g in golds):
         return MathVerdict(Status.correct, shown, "same text as the gold", time.perf_counter() - t0)
-    judgement = equivalent(gold, answer, parse_choices(problem) if problem else None)
-    status = Status.correct if judgement.equal else Status.wrong
-    return MathVerdict(status, shown, judgement.reason, time.perf_counter() - t0)
+    choices = parse_choices(problem) if problem else None
+    reasons = []
+    for g in golds:
+        judgement = equivalent(g, answer, choices)
+        if judgement.equal:
+            return MathVerdict(Status.correct, shown, judgement.reason, time.perf_counter() - t0)
+        reasons.append(judgement.reason)
+    return MathVerdict(Status.wrong, shown, reasons[0], time.perf_counter() - t0)
+
+
+MAX_GOLDS = 16
+"""A list ground truth holding more accepted forms than this is an error of the data."""
+
+
+def gold_answers(gold: str) -> list[str]:
+    """The accepted forms of a ground truth: verl data may give a JSON list of strings
+    (``["72", "72.0"]``), any of which is correct; any other text is one gold answer (``[1, 2]``
+    stays the interval).
+
+    >>> gold_answers('["72", "72.0"]'), gold_answers("[1, 2]"), gold_answers("72")
+    (['72', '72.0'], ['[1, 2]'], ['72'])
+    """
+    text = gold.strip()
+    if text.startswith("[") and text.endswith("]") and '"' in text:
+        try:
+            forms = json.loads(text)
+        except ValueError:
+            return [gold]
+        if isinstance(forms, list) and 0 < len(forms) <= MAX_GOLDS and all(isinstance(f, str) for f in forms):
+            return forms
+    return [gold]
 
 
 @register("skywork-or1")

@@ -9,7 +9,9 @@ off by default — Skywork-OR1 trains on correctness alone; these are for recipe
 degenerate responses:
 
 * ``repetition`` — repeated word n-grams (as TRL's ``get_repetition_penalty_reward``):
-  ``-repetition_max * (1 - distinct n-grams / n-grams)``;
+  ``-repetition_max * (1 - distinct n-grams / n-grams)``; or, with ``repetition_flat``, a flat
+  ``-repetition_max`` once that fraction reaches ``repetition_threshold`` (the RLOO + entropy
+  bonus + penalties recipe's -1 for a repetitive answer);
 * ``overlong`` — DAPO's soft overlong punishment: 0 up to ``T - overlong_buffer_tokens``
   response tokens, then linear down to ``-overlong_max`` at T (truncated responses get the full
   penalty).
@@ -20,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from magic.common.config import PenaltySettings
+from magic.common.registry import Registry
+from magic.reward.settings import PenaltySettings
 
 
 @dataclass(frozen=True)
@@ -33,19 +36,11 @@ class PenaltyInput:
 
 
 Penalty = Callable[[PenaltyInput, PenaltySettings], "float | None"]
-PENALTIES: dict[str, Penalty] = {}
+PENALTIES: Registry[Penalty] = Registry("penalty")
 
 
-def register(name: str) -> Callable[[Penalty], Penalty]:
-    """Register a penalty under `name`; registering a name twice is an error."""
-
-    def deco(fn: Penalty) -> Penalty:
-        if name in PENALTIES:
-            raise ValueError(f"penalty {name!r} is already registered")
-        PENALTIES[name] = fn
-        return fn
-
-    return deco
+register = PENALTIES.register
+"""Decorator registering a penalty under a name (twice is an error)."""
 
 
 def repetition_score(text: str, ngram: int) -> float:
@@ -67,14 +62,21 @@ def repetition_score(text: str, ngram: int) -> float:
 
 @register("repetition")
 def repetition(sample: PenaltyInput, settings: PenaltySettings) -> float | None:
-    """``-repetition_max * repetition_score``; None when `repetition_max` is 0.
+    """``-repetition_max * repetition_score`` (graded), or ``-repetition_max`` when the score
+    reaches ``repetition_threshold`` and 0 otherwise (flat); None when `repetition_max` is 0.
 
     >>> repetition(PenaltyInput("x y x y x y x y"), PenaltySettings(repetition_max=1.0, repetition_ngram=2))
     -0.7142857142857143
+    >>> flat = PenaltySettings(repetition_max=1.0, repetition_ngram=2, repetition_flat=True, repetition_threshold=0.5)
+    >>> repetition(PenaltyInput("x y x y x y x y"), flat), repetition(PenaltyInput("a b c d a b"), flat)
+    (-1.0, 0.0)
     """
     if settings.repetition_max <= 0:
         return None
-    return -settings.repetition_max * repetition_score(sample.text, settings.repetition_ngram)
+    score = repetition_score(sample.text, settings.repetition_ngram)
+    if settings.repetition_flat:
+        return -settings.repetition_max if score >= settings.repetition_threshold else 0.0
+    return -settings.repetition_max * score
 
 
 @register("overlong")

@@ -27,14 +27,24 @@ the reward pods by default, with only the capabilities this needs):
 * *environment* — scrubbed: a fixed PATH, HOME and TMPDIR in the working directory, one
   thread for BLAS libraries; nothing of the service's environment.
 
-**Not isolated**: files readable by everyone stay readable (the Python installation, the
-system's configuration, anything world-readable on the shared volume); the kernel is shared
-(no seccomp filter, no gVisor): a kernel exploit escapes; CPU caches and memory bandwidth are
+**Confinement** (`magic.reward.confine`): with ``bwrap`` the helper starts under bubblewrap —
+a minimal read-only root (``/usr`` and the Python installation), private ``/tmp`` and
+``/dev/shm``, new PID, network, IPC, UTS and cgroup namespaces — and with ``seccomp`` it loads
+a libseccomp filter (no namespaces, mounts, ptrace, keyrings, bpf, perf_event_open, io_uring)
+with no_new_privs before any test; every program and judge inherits both.
+
+**Verdicts**: the program's process produces only data. stdout and call results are compared
+here; an assert test's code runs in a judge process forked by the helper, which the program
+reaches only through a data-only request/answer channel (`sandbox_child`).
+
+**Not isolated**: without bubblewrap, files readable by everyone stay readable (the Python
+installation, the system's configuration, anything world-readable on a shared volume) and
+``/proc`` shows the host's processes; the kernel is shared (the seccomp filter narrows it; no
+gVisor): a kernel exploit through an allowed call escapes; CPU caches and memory bandwidth are
 shared, so timings are noisy under load; the program's total memory is watched, not capped:
 the helper sums the resident memory of the slot's processes every 50 ms and kills the test past
 ``total_memory_mb``, so a burst faster than that can reach ``processes`` x ``memory_mb``
-(no memory cgroup); within one test the program shares its process with the test code of
-assert-based tests (see `code_tests`).
+(no memory cgroup).
 
 With ``isolation="session"`` (the service is not root and cannot change uid) programs run as the
 service's own user in their own session: RLIMIT_NPROC then counts all the user's processes, a
@@ -61,8 +71,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from magic.common.config import SandboxSettings
-from magic.reward import sandbox_child
+from magic.reward.settings import SandboxSettings
+from magic.reward import confine, sandbox_child
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +185,55 @@ def kill_uid(uid: int) -> int:
     raise SandboxError(f"processes of uid {uid} survive SIGKILL")
 
 
+# Helpers are started from one thread that lives as long as this process. bubblewrap's
+# --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that forked it exits, not
+# the process: a helper started from a short-lived thread (the service's warm-up thread, an HTTP
+# handler, a pool worker that retires) was killed with it, in the middle of whatever test it ran.
+_spawner_lock = threading.Lock()
+_spawner: tuple[int, queue.SimpleQueue] | None = None  # (pid, requests)
+
+
+def _spawn_loop(requests: queue.SimpleQueue) -> None:
+    while True:
+        argv, kwargs, reply = requests.get()
+        try:
+            reply.put((True, subprocess.Popen(argv, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 — raised again in the caller's thread
+            reply.put((False, exc))
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen(argv, **kwargs)`, run by this process's long-lived spawner thread."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or we are a forked child
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_spawn_loop, args=(requests,), name="sandbox-spawner", daemon=True).start()
+            _spawner = (os.getpid(), requests)
+        requests = _spawner[1]
+    reply: queue.SimpleQueue = queue.SimpleQueue()
+    requests.put((argv, kwargs, reply))
+    ok, value = reply.get()
+    if not ok:
+        raise value
+    return value
+
+
+def _after_fork_in_child() -> None:
+    global _spawner_lock, _spawner
+    _spawner_lock, _spawner = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Slot:
     """One unit of concurrency: a uid, a working directory and a helper process."""
 
-    def __init__(self, index: int, settings: SandboxSettings, root: Path, uid: int | None, lock_fd: int | None):
+    def __init__(self, index: int, settings: SandboxSettings, root: Path, uid: int | None, lock_fd: int | None, confinement: dict):
         self.index = index
         self.settings = settings
+        self.confinement = confinement  # {"bwrap": argv or None, "seccomp": bytes or None}
         self.uid = uid
         self.lock_fd = lock_fd
         name = f"uid-{uid}" if uid is not None else f"pid-{os.getpid()}-{index}"
@@ -201,8 +254,11 @@ class _Slot:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.stop_helper()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(CHILD)],
+        s = self.settings
+        bwrap = self.confinement["bwrap"]
+        argv = bwrap or [sys.executable, "-I", "-S", "-B", str(CHILD)]
+        self.proc = _spawn(
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(SANDBOX_ENV),
@@ -210,20 +266,23 @@ class _Slot:
             start_new_session=True,
         )
         self._buf = b""
-        s = self.settings
+        workdir = "/tmp" if bwrap else str(self.workdir)
+        seccomp = self.confinement["seccomp"]
         setup = {
             "op": "setup",
             "uid": self.uid,
             "gid": self.uid,
-            "workdir": str(self.workdir),
-            "control_dir": str(self.control),
-            "namespaces": s.namespaces,
+            "workdir": workdir,
+            "bwrap": bool(bwrap),
+            "scratch_dirs": ["/tmp", "/dev/shm"] if bwrap else [str(self.workdir)],
+            "seccomp": seccomp.hex() if seccomp else None,
+            "namespaces": s.namespaces and not bwrap,
             "network_isolation": True,
             "disk_bytes": s.disk_mb * 1024 * 1024,
             "private_tmp_dirs": s.private_tmp_dirs,
             "hidden_paths": s.hidden_paths,
             "site_paths": _site_paths(),
-            "env": dict(SANDBOX_ENV, HOME=str(self.workdir), TMPDIR=str(self.workdir)),
+            "env": dict(SANDBOX_ENV, HOME=workdir, TMPDIR=workdir),
         }
         reply = self.request(setup, time.monotonic() + 60)
         if reply is None or reply.get("op") != "ready":
@@ -305,10 +364,11 @@ class Sandbox:
         self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._slots: list[_Slot] = []
         self._lock = threading.Lock()
+        self.confinement = self._confinement(settings, self.root, privileged=self.isolation == "uid")
         uids = iter(range(settings.uid_base, settings.uid_base + settings.uid_count))
         for k in range(settings.slots):
             uid, fd = self._claim_uid(uids) if self.isolation == "uid" else (None, None)
-            slot = _Slot(k, settings, self.root, uid, fd)
+            slot = _Slot(k, settings, self.root, uid, fd, self.confinement)
             self._slots.append(slot)
             self._free.put(slot)
         if self.isolation == "session":
@@ -322,6 +382,28 @@ class Sandbox:
         if wanted == "auto":
             return "uid" if can_setuid else "session"
         return wanted
+
+    @staticmethod
+    def _confinement(settings: SandboxSettings, root: Path, privileged: bool) -> dict:
+        """Which of bubblewrap and seccomp apply (`settings.bwrap`, `settings.seccomp`)."""
+        out: dict = {"bwrap": None, "seccomp": None}
+        if settings.seccomp != "off":
+            try:
+                out["seccomp"] = confine.seccomp_bpf()
+            except confine.ConfinementError as exc:
+                if settings.seccomp == "on":
+                    raise SandboxError(str(exc)) from None
+                log.warning("sandbox without a seccomp filter: %s", exc)
+        if settings.bwrap != "off":
+            why = confine.bwrap_works(privileged)
+            if why is None:
+                helper = confine.private_copy(CHILD, root / "helper")
+                out["bwrap"] = confine.bwrap_argv(helper, _site_paths(), settings.disk_mb * 1024 * 1024, privileged)
+            elif settings.bwrap == "on":
+                raise SandboxError(f"sandbox bwrap='on' but {why}")
+            else:
+                log.warning("sandbox without bubblewrap (%s): falling back to namespaces=%s", why, settings.namespaces)
+        return out
 
     def _claim_uid(self, uids: Iterable[int]) -> tuple[int, int]:
         """The next uid of the range that no account owns, no other sandbox holds (lock file)
@@ -348,7 +430,13 @@ class Sandbox:
     def describe(self) -> dict:
         """The isolation actually in force (after the first run of each slot's helper)."""
         applied = [s.applied for s in self._slots if s.applied]
-        return {"isolation": self.isolation, "slots": len(self._slots), "applied": applied[0] if applied else None}
+        return {
+            "isolation": self.isolation,
+            "bwrap": self.confinement["bwrap"] is not None,
+            "seccomp": self.confinement["seccomp"] is not None,
+            "slots": len(self._slots),
+            "applied": applied[0] if applied else None,
+        }
 
     def warm_up(self) -> None:
         """Start every slot's helper now (otherwise the first run of a slot starts it)."""

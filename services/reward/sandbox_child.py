@@ -19,10 +19,10 @@ Test kinds (what the grandchild runs after the LiveCodeBench prelude):
 * ``stdin_stdout`` — the program as ``__main__`` with the test input on stdin; reports stdout.
 * ``call`` — ``Solution().<fn_name>(*args)`` (or the module-level function) per test; reports
   the return value as plain data (exact built-in types only; anything else is a failure).
-* ``assert`` — the program, then the test code (rewritten by the reward process: each
-  ``assert expr == <literal>`` reports ``expr`` as plain data, the literal stays outside); every
-  function of the program reaches the test through a guard that turns results into plain data,
-  so an ``__eq__`` that always returns True never reaches a comparison.
+* ``assert`` — two processes: the program, which only answers calls with plain data (`_answer_calls`),
+  and the judge (`_judge`), forked from this helper and out of the program's reach, which runs
+  the test code with every name of the program standing for a remote object; the judge alone
+  reports the test's completion, so the program can only ever produce data.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ import select
 import signal
 import sys
 import time
+import types
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 36, 4, 38, 22, 2
 
 PRELUDE_MODULES = (
     "string re datetime collections heapq bisect copy math random statistics itertools functools "
@@ -72,14 +73,14 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
 
 def setup(cfg: dict) -> dict:
     """Apply the slot's isolation; returns what was actually applied."""
-    applied: dict = {"uid": None, "network": False, "mounts": False, "ipc": False}
+    applied: dict = {"uid": None, "network": False, "mounts": False, "ipc": False, "pid": False, "bwrap": False, "seccomp": False}
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a test come back to us to be reaped
     sys.path.extend(p for p in cfg.get("site_paths", []) if p not in sys.path)
     root = os.geteuid() == 0
     workdir = cfg["workdir"]
-    # the control directory may sit under /tmp, which is about to be covered: keep a handle
-    cfg["control_fd"] = os.open(cfg["control_dir"], os.O_RDONLY | os.O_DIRECTORY)
-    if root and cfg.get("namespaces", True):
+    if cfg.get("bwrap"):  # bubblewrap made the root, the namespaces and the scratch tmpfs
+        applied.update(network=True, mounts=True, ipc=True, pid=True, bwrap=True)
+    elif root and cfg.get("namespaces", True):
         flags = CLONE_NEWNS | CLONE_NEWIPC | (CLONE_NEWNET if cfg.get("network_isolation", True) else 0)
         if _libc.unshare(flags) == 0:
             applied["network"] = bool(flags & CLONE_NEWNET)
@@ -101,8 +102,26 @@ def setup(cfg: dict) -> dict:
         applied["uid"] = cfg["uid"]
     for name in PRELUDE_MODULES:  # imported once here, so every forked test starts warm
         __import__(name)
+    if cfg.get("seccomp"):
+        load_seccomp(bytes.fromhex(cfg["seccomp"]))
+        applied["seccomp"] = True
     applied["workdir"] = cfg["workdir"]
     return applied
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(bpf: bytes) -> None:
+    """Set no_new_privs and load a seccomp BPF program (``struct sock_filter[]``, as libseccomp
+    exports it) on this process; every process it forks inherits both."""
+    if not bpf or len(bpf) % 8:
+        raise ValueError("a BPF program is a non-empty array of 8-byte instructions")
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
 
 
 def _python_dirs() -> list[str]:
@@ -151,45 +170,72 @@ def _cover(hidden: list[str]) -> list[str]:
 _SCALARS = (type(None), bool, int, float, str)
 
 
-def plain(value, depth: int = 0):
-    """`value` as JSON-able plain data, tagging tuples/sets/dicts/bytes/complex; TypeError for
-    anything that is not built from exact built-in types (subclasses included)."""
+class WireError(ValueError):
+    """A value that crossed between processes is not well-formed plain data."""
+
+
+def plain(value, depth: int = 0, ref=None):
+    """`value` as JSON-able plain data, tagging tuples/sets/dicts/bytes/complex; anything not
+    built from exact built-in types (subclasses included) becomes ``ref(value)`` when `ref` is
+    given, else a TypeError."""
     if depth > 200:
         raise TypeError("data nested too deeply")
     t = type(value)
     if t in _SCALARS:
         return value
     if t is list:
-        return [plain(v, depth + 1) for v in value]
+        return [plain(v, depth + 1, ref) for v in value]
     if t is tuple:
-        return {"$t": [plain(v, depth + 1) for v in value]}
+        return {"$t": [plain(v, depth + 1, ref) for v in value]}
     if t is dict:
-        return {"$d": [[plain(k, depth + 1), plain(v, depth + 1)] for k, v in value.items()]}
+        return {"$d": [[plain(k, depth + 1, ref), plain(v, depth + 1, ref)] for k, v in value.items()]}
     if t is set or t is frozenset:
-        return {"$s" if t is set else "$fs": [plain(v, depth + 1) for v in value]}
+        return {"$s" if t is set else "$fs": [plain(v, depth + 1, ref) for v in value]}
     if t is bytes:
         return {"$b": value.hex()}
     if t is complex:
         return {"$c": [value.real, value.imag]}
     if t.__module__ == "numpy" and hasattr(value, "tolist"):  # numpy scalars and arrays
-        return plain(value.tolist(), depth + 1)
+        return plain(value.tolist(), depth + 1, ref)
+    if ref is not None:
+        return {"$r": ref(value)}
     raise TypeError(f"not plain data: {t.__name__}")
 
 
-def plain_copy(value, depth: int = 0):
-    """A copy of `value` made of exact built-in types only (TypeError otherwise)."""
+def unplain(obj, depth: int = 0, ref=None):
+    """Decode what `plain` made (WireError if malformed); ``{"$r": k}`` becomes ``ref(k)`` when
+    `ref` is given. Only exact built-in types come out: decoding runs no code of the sender."""
     if depth > 200:
-        raise TypeError("data nested too deeply")
-    t = type(value)
-    if t in _SCALARS or t is bytes or t is complex:
-        return value
-    if t is list or t is tuple or t is set or t is frozenset:
-        return t(plain_copy(v, depth + 1) for v in value)
-    if t is dict:
-        return {plain_copy(k, depth + 1): plain_copy(v, depth + 1) for k, v in value.items()}
-    if t.__module__ == "numpy" and hasattr(value, "tolist"):
-        return plain_copy(value.tolist(), depth + 1)
-    raise TypeError(f"not plain data: {t.__name__}")
+        raise WireError("data nested too deeply")
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if type(obj) is list:
+        return [unplain(v, depth + 1, ref) for v in obj]
+    if type(obj) is dict and len(obj) == 1:
+        ((tag, v),) = obj.items()
+        if tag == "$t" and type(v) is list:
+            return tuple(unplain(x, depth + 1, ref) for x in v)
+        if tag in ("$s", "$fs") and type(v) is list:
+            items = [unplain(x, depth + 1, ref) for x in v]
+            try:
+                return set(items) if tag == "$s" else frozenset(items)
+            except TypeError as exc:
+                raise WireError("unhashable set element") from exc
+        if tag == "$d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+            try:
+                return {unplain(k, depth + 1, ref): unplain(x, depth + 1, ref) for k, x in v}
+            except TypeError as exc:
+                raise WireError("unhashable dict key") from exc
+        if tag == "$b" and type(v) is str:
+            try:
+                return bytes.fromhex(v)
+            except ValueError as exc:
+                raise WireError("malformed bytes") from exc
+        if tag == "$c" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
+            return complex(float(v[0]), float(v[1]))
+        if tag == "$r" and type(v) is int and ref is not None:
+            return ref(v)
+    raise WireError(f"not plain data: {type(obj).__name__}")
 
 
 # -- the grandchild: one test, untrusted code --------------------------------------------------
@@ -221,10 +267,13 @@ def _drop_privileges(limits: dict, uid, gid) -> None:
     os.environ.update(limits["env"])
 
 
-def _redirect(stdin_fd: int, stdout_fd: int, stderr_fd: int, keep: tuple[int, ...] = ()) -> None:
+def _redirect(stdin_fd: int, stdout_fd: int, stderr_fd: int, keep: tuple[int, ...], remap: dict[int, int]) -> None:
+    """Standard streams from the given descriptors, ``remap[k]`` from k, everything else closed."""
     os.dup2(stdin_fd, 0)
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
+    for src, dst in remap.items():
+        os.dup2(src, dst)
     start = 3
     for fd in sorted(keep):
         os.closerange(start, fd)
@@ -248,18 +297,7 @@ def _run_program(job: dict, name: str) -> dict:
     return namespace
 
 
-def _guard(fn):
-    """Hand the test a version of `fn` whose results are plain data (see the module doc)."""
-    if not callable(fn) or isinstance(fn, type):
-        return fn
-
-    def guarded(*args, **kwargs):
-        return plain_copy(fn(*args, **kwargs))
-
-    return guarded
-
-
-def _grandchild(job: dict, test: dict, report_fd: int) -> int:
+def _grandchild(job: dict, test: dict, report_fd: int, request_fd: int | None) -> int:
     kind = job["kind"]
     if kind == "stdin_stdout":
         try:
@@ -283,76 +321,288 @@ def _grandchild(job: dict, test: dict, report_fd: int) -> int:
             value = list(value)
         _report(report_fd, {"value": plain(value)})
         return 0
-    # assert
-    solution = _run_program(job, "solution")
+    # assert: the program only answers calls; the test runs in the judge (`_judge`)
+    prelude = {"__name__": "prelude", "__builtins__": builtins}
+    exec(compile(job["prelude"], "prelude.py", "exec"), prelude)
+    ns = _run_program(job, "solution")
+    _answer_calls(ns, prelude, request_fd, report_fd)
+    return 0
+
+
+# -- assert tests: the program answers calls, the judge runs the test -------------------------
+#
+# Wire (one JSON object per line). Program -> judge first: {"names": {name: {"call": true} |
+# {"module": "m"} | {"value": data}}}: what the program defines. Then per request of the judge
+#   {"op": "call", "f": f, "args": [...], "kw": {...}}   {"op": "attr", "f": f, "name": s}
+#   {"op": "item", "f": f, "key": data}   {"op": "iter", "f": f}   {"op": "next", "f": f}   {"op": "len", "f": f}
+# where f names a top-level name of the program or an object it handed out earlier (a number),
+# the program answers {"v": data, "after": [data | null, ...]} (a value; the arguments as the
+# call left them), or {"x": [exception class names, most derived first], "msg": str}. Objects
+# that are not plain data stay in the program, named by a number ({"$r": k}).
+
+def _describe(ns: dict, prelude: dict) -> dict:
+    """What the program defined beyond the prelude, as data."""
+    names = {}
+    for name, value in ns.items():
+        if name.startswith("__") or (name in prelude and prelude[name] is value):
+            continue
+        if type(value).__name__ == "module":
+            names[name] = {"module": value.__name__}
+        elif callable(value):
+            names[name] = {"call": True}
+        else:
+            try:
+                names[name] = {"value": plain(value)}
+            except TypeError:
+                names[name] = {"call": True}  # an object: reachable through attribute requests
+    return names
+
+
+def _answer_calls(ns: dict, prelude: dict, request_fd: int, reply_fd: int) -> None:
+    """The program's side of an assert test: answer the judge's requests with plain data."""
+    objects: list = []
+
+    def ref(value) -> int:
+        objects.append(value)
+        return len(objects) - 1
+
+    def target(spec):
+        return ns[spec] if type(spec) is str else objects[spec]
+
+    _report(reply_fd, {"names": _describe(ns, prelude)})
+    requests = os.fdopen(request_fd, "rb", buffering=1 << 16)
+    for line in requests:
+        req = json.loads(line)
+        op = req["op"]
+        try:
+            args: list = []
+            if op == "call":
+                args = [unplain(a, ref=objects.__getitem__) for a in req["args"]]
+                kw = {k: unplain(v, ref=objects.__getitem__) for k, v in req["kw"].items()}
+                value = target(req["f"])(*args, **kw)
+            elif op == "attr":
+                value = getattr(target(req["f"]), req["name"])
+            elif op == "item":
+                value = target(req["f"])[unplain(req["key"], ref=objects.__getitem__)]
+            elif op == "iter":
+                value = iter(target(req["f"]))
+            elif op == "next":
+                value = next(target(req["f"]))
+            else:
+                value = len(target(req["f"]))
+            after = [plain(a, ref=ref) if type(a) in (list, dict, set) else None for a in args]
+            reply = {"v": plain(value, ref=ref), "after": after}
+        except BaseException as exc:  # noqa: BLE001 — the judge decides what an exception means
+            reply = {"x": [c.__name__ for c in type(exc).__mro__], "msg": str(exc)[:300]}
+        _report(reply_fd, reply)
+
+
+class _Channel:
+    """The judge's end of the wire to the program (see above): requests out, plain data back."""
+
+    def __init__(self, request_fd: int, reply_fd: int):
+        self.out = request_fd
+        self.replies = os.fdopen(reply_fd, "rb", buffering=1 << 16)
+
+    def receive(self) -> dict:
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError("the program stopped answering (it exited or crashed)")
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise WireError("the program answered with malformed data") from exc
+        if type(reply) is not dict:
+            raise WireError("the program answered with malformed data")
+        return reply
+
+    def request(self, msg: dict, args: tuple = ()):
+        _report(self.out, msg)
+        reply = self.receive()
+        if "x" in reply:
+            raise _exception(reply.get("x"), reply.get("msg"))
+        value = unplain(reply.get("v"), ref=self.remote)
+        after = reply.get("after") or []
+        for arg, state in zip(args, after if type(after) is list else []):
+            if state is not None and type(arg) in (list, dict, set):
+                new = unplain(state, ref=self.remote)
+                if type(new) is type(arg):  # the program changed an argument in place
+                    if type(arg) is list:
+                        arg[:] = new
+                    else:
+                        arg.clear()
+                        arg.update(new)
+        return value
+
+    def remote(self, spec) -> "_Remote":
+        return _Remote(self, spec)
+
+    def encode(self, value):
+        def ref(v):
+            if type(v) is _Remote and type(v._spec) is int:
+                return v._spec
+            raise TypeError(f"the test passes a {type(v).__name__} to the program: not plain data")
+
+        return plain(value, ref=ref)
+
+
+def _exception(names, msg) -> BaseException:
+    """The first built-in exception class among `names` (the program's exception's classes);
+    anything that is not an ``Exception`` (SystemExit, ...) becomes a RuntimeError."""
+    for name in names if type(names) is list else []:
+        cls = _PRISTINE_BUILTINS.get(name) if type(name) is str else None
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            return cls(str(msg)[:300])
+    return RuntimeError(f"the program raised {str(names)[:80]}: {str(msg)[:200]}")
+
+
+class _Remote:
+    """An object of the program, in the judge: calls, attributes, items, iteration and len()
+    are requests; truth and comparisons are not (they would let the program decide)."""
+
+    __slots__ = ("_ch", "_spec")
+
+    def __init__(self, channel: _Channel, spec):
+        object.__setattr__(self, "_ch", channel)
+        object.__setattr__(self, "_spec", spec)
+
+    def __call__(self, *args, **kwargs):
+        ch = self._ch
+        msg = {"op": "call", "f": self._spec, "args": [ch.encode(a) for a in args], "kw": {str(k): ch.encode(v) for k, v in kwargs.items()}}
+        return ch.request(msg, args)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._ch.request({"op": "attr", "f": self._spec, "name": name})
+
+    def __getitem__(self, key):
+        return self._ch.request({"op": "item", "f": self._spec, "key": self._ch.encode(key)})
+
+    def __iter__(self):
+        it = self._ch.request({"op": "iter", "f": self._spec})
+        if type(it) is not _Remote:
+            raise TypeError("iter() of a program's object gave no iterator")
+        while True:
+            try:
+                yield self._ch.request({"op": "next", "f": it._spec})
+            except StopIteration:
+                return
+
+    def __len__(self) -> int:
+        n = self._ch.request({"op": "len", "f": self._spec})
+        if type(n) is not int:
+            raise TypeError("len() of a program's object is not an int")
+        return n
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth of a program's object is not plain data")
+
+    def __repr__(self) -> str:
+        return f"<object {self._spec!r} of the program>"
+
+
+
+def _judge(job: dict, test: dict, request_fd: int, reply_fd: int, report_fd: int) -> int:
+    """The trusted side of an assert test: run the test code, with every name the program
+    defined standing for a `_Remote`; report completion only if the code ran to its end.
+
+    The program cannot reach this process (another uid, or not dumpable; no ptrace under the
+    seccomp filter): all it can do is answer requests with data. The builtins and the prelude's
+    modules keep their own meaning whatever the program defines; the program's names take the
+    place of the prelude's other names (``add`` of ``from operator import *``), as they would
+    in the program's own namespace."""
+    channel = _Channel(request_fd, reply_fd)
+    names = channel.receive().get("names")
+    if type(names) is not dict:
+        raise WireError("the program did not say what it defines")
     tests = {"__name__": "__test__", "__builtins__": dict(_PRISTINE_BUILTINS)}
     exec(compile(job["prelude"], "prelude.py", "exec"), tests)
-    for k, v in list(solution.items()):
-        if not k.startswith("__"):
-            tests[k] = _guard(v)
-
-    def expect(i, value):
-        _report(report_fd, {"e": i, "v": plain(value)})
-
-    def truth(i, value):
-        try:
-            ok = bool(plain_copy(value))  # an object with its own __bool__ is not plain data
-        except TypeError:
-            ok = False
-        _report(report_fd, {"t": i, "ok": ok})
-        if not ok:
-            raise AssertionError(f"assertion {i} failed")
-
-    tests["__magic_expect__"] = expect
-    tests["__magic_truth__"] = truth
-    exec(compile(test["code"], "test.py", "exec"), tests)
-    entry = job.get("entry_point")
-    if entry:
-        if entry not in solution:
-            raise NameError(f"the program defines no {entry!r}")
-        tests["check"](_guard(solution[entry]))
+    for name, desc in names.items():
+        kept = name in _PRISTINE_BUILTINS or type(tests.get(name)) is types.ModuleType
+        if type(name) is not str or type(desc) is not dict or kept or name.startswith("__"):
+            continue
+        if "module" in desc:
+            module = sys.modules.get(desc["module"]) if type(desc["module"]) is str else None
+            if module is not None:  # only modules already loaded here: the program imports nothing into the judge
+                tests[name] = module
+        elif "value" in desc:
+            tests[name] = unplain(desc["value"])
+        else:
+            tests[name] = _Remote(channel, name)
+    try:
+        exec(compile(test["code"], "test.py", "exec"), tests)
+        entry = job.get("entry_point")
+        if entry:
+            if "call" not in names.get(entry, {}):
+                raise NameError(f"the program defines no {entry!r}")
+            tests["check"](_Remote(channel, entry))
+    except AssertionError as exc:
+        raise AssertionError(_failed_line(exc, test["code"])) from None
     _report(report_fd, {"completed": True})
     return 0
 
 
-def _start_grandchild(job: dict, test: dict, limits: dict, uid, gid, stdin_path: str | None, control_fd: int):
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    rep_r, rep_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # --- the grandchild ---
-        code = 1
-        try:
-            os.close(out_r), os.close(err_r), os.close(rep_r)
-            stdin_fd = os.open(stdin_path, os.O_RDONLY, dir_fd=control_fd) if stdin_path else os.open(os.devnull, os.O_RDONLY)
-            null = os.open(os.devnull, os.O_WRONLY)
-            _redirect(stdin_fd, out_w if job["kind"] == "stdin_stdout" else null, err_w, keep=(rep_w,))
-            _drop_privileges(limits, uid, gid)
-            code = _grandchild(job, test, rep_w)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException as exc:  # noqa: BLE001 — the traceback tail is the test's detail
-            try:
-                import traceback
+def _failed_line(exc: BaseException, code: str) -> str:
+    """The line of the test code where `exc` was raised, for the verdict's details."""
+    lineno, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "test.py":
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    lines = code.splitlines()
+    if lineno is None or not 0 < lineno <= len(lines):
+        return str(exc)[:200] or "assertion failed"
+    return f"failed at test line {lineno}: {lines[lineno - 1].strip()[:160]}"
 
-                frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in ("solution.py", "test.py")]
-                sys.stderr.write("".join(traceback.format_list(frames[-3:])) + "".join(traceback.format_exception_only(type(exc), exc)))
-                sys.stderr.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(out_w), os.close(err_w), os.close(rep_w)
-    return pid, out_r, err_r, rep_r
+
+def _fork(body, stdin_fd: int, stdout_fd: int, stderr_fd: int, keep: tuple[int, ...], remap: dict[int, int]) -> int:
+    """Fork a process that runs ``body()`` with the given standard streams and only the `keep`
+    descriptors (``remap`` moves descriptor k to remap[k] first); it exits with body's status
+    (1 and a short traceback on an exception)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        _redirect(stdin_fd, stdout_fd, stderr_fd, keep=keep, remap=remap)
+        code = body()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 — the traceback tail is the test's detail
+        try:
+            import traceback
+
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in ("solution.py", "test.py")]
+            sys.stderr.write("".join(traceback.format_list(frames[-3:])) + "".join(traceback.format_exception_only(type(exc), exc)))
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _limit_judge(limits: dict) -> None:
+    """The judge runs the ground truth's code: same time and memory limits as the program, and
+    nobody may inspect it (not dumpable: /proc/<pid>/mem and ptrace need root)."""
+    os.setsid()
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
 
 
 MEMORY_CHECK_SECONDS = 0.05
 
 
-def _collect(pid: int, fds: dict[str, int], limits: dict, owner) -> dict:
-    """Read the grandchild's pipes until it exits, the time runs out, the output overflows or its
-    processes together hold more than `limits["total_memory_bytes"]` of resident memory."""
+def _collect(pid: int, fds: dict[str, int], limits: dict, owner, until: set[str] | None = None) -> dict:
+    """Read the pipes until `pid` exits (after closing the pipes named in `until`, all when
+    None), the time runs out, the output overflows or the program's processes together hold
+    more than `limits["total_memory_bytes"]` of resident memory."""
     bufs = {name: bytearray() for name in fds}
     open_fds = {fd: name for name, fd in fds.items()}
     deadline = time.monotonic() + limits["test_timeout"]
@@ -369,33 +619,53 @@ def _collect(pid: int, fds: dict[str, int], limits: dict, owner) -> dict:
             if resident_bytes(owner) > max_rss:
                 status = "memory_limit"
                 break
-        if not open_fds:
+        if not open_fds or (until is not None and not until & set(open_fds.values())):
             done, wstatus = os.waitpid(pid, os.WNOHANG)  # output closed: wait for the exit
             if done:
                 exit_code, sig = _decode_status(wstatus)
+                _drain(open_fds, bufs)
                 return {"status": status, "bufs": bufs, "exit": exit_code, "signal": sig, "pid_done": True}
             time.sleep(0.0005)
             continue
         ready, _, _ = select.select(list(open_fds), [], [], min(deadline, next_check) - now)
         for fd in ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                os.close(fd)
-                del open_fds[fd]
-                continue
-            name = open_fds[fd]
-            buf = bufs[name]
-            if name == "stderr":  # keep the tail
-                buf += chunk
-                del buf[: max(0, len(buf) - 4096)]
-            elif len(buf) + len(chunk) > max_bytes:
-                buf += chunk[: max(max_bytes - len(buf), 0)]
+            if not _read_into(fd, open_fds, bufs, max_bytes):
                 status = "output_limit"
-            else:
-                buf += chunk
     for fd in open_fds:
         os.close(fd)
     return {"status": status, "bufs": bufs, "exit": None, "signal": None, "pid_done": False}
+
+
+def _read_into(fd: int, open_fds: dict[int, str], bufs: dict[str, bytearray], max_bytes: int) -> bool:
+    """Read what `fd` has (closing it at its end); False when the output overflowed."""
+    chunk = os.read(fd, 65536)
+    if not chunk:
+        os.close(fd)
+        del open_fds[fd]
+        return True
+    buf = bufs[open_fds[fd]]
+    if open_fds[fd] == "stderr":  # keep the tail
+        buf += chunk
+        del buf[: max(0, len(buf) - 4096)]
+    elif len(buf) + len(chunk) > max_bytes:
+        buf += chunk[: max(max_bytes - len(buf), 0)]
+        return False
+    else:
+        buf += chunk
+    return True
+
+
+def _drain(open_fds: dict[int, str], bufs: dict[str, bytearray]) -> None:
+    """Keep what the still-open pipes hold now (a few reads, never waiting), then close them."""
+    for _ in range(16):
+        ready, _, _ = select.select(list(open_fds), [], [], 0) if open_fds else ([], [], [])
+        if not ready:
+            break
+        for fd in ready:
+            _read_into(fd, open_fds, bufs, 1 << 16)
+    for fd in list(open_fds):
+        os.close(fd)
+        del open_fds[fd]
 
 
 def resident_bytes(owner: tuple[str, int]) -> int:
@@ -543,30 +813,75 @@ def _sweep_shared_dirs(uid: int, dirs: list[str]) -> None:
 # -- the loop ----------------------------------------------------------------------------------
 
 
+def _stdin(text: str | None) -> int:
+    """A descriptor to read `text` from (an anonymous memory file; /dev/null when None)."""
+    if text is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("stdin", 0)
+    data = text.encode("utf-8")
+    while data:
+        data = data[os.write(fd, data) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def run_test(job: dict, test: dict, cfg: dict) -> dict:
+    """Run one test: the program in a fresh process with the slot's identity and limits; for an
+    assert test also the judge, in a fresh process the program cannot reach."""
     limits = dict(job["limits"], workdir=cfg["workdir"], env=cfg["env"])
-    uid, gid = cfg.get("uid"), cfg.get("gid")
-    stdin_path = None
-    if job["kind"] == "stdin_stdout":
-        stdin_path = "stdin"
-        fd = os.open(stdin_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=cfg["control_fd"])
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(test["input"])
+    uid, gid, kind = cfg.get("uid"), cfg.get("gid"), job["kind"]
+    stdin_fd = _stdin(test["input"] if kind == "stdin_stdout" else None)
+    null = os.open(os.devnull, os.O_WRONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    rep_r, rep_w = os.pipe()
     t0 = time.monotonic()
-    pid, out_r, err_r, rep_r = _start_grandchild(job, test, limits, uid, gid, stdin_path, cfg["control_fd"])
+    if kind == "assert":
+        req_r, req_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+
+        def program() -> int:
+            _drop_privileges(limits, uid, gid)
+            return _grandchild(job, test, 3, 4)
+
+        def judge() -> int:
+            _limit_judge(limits)
+            return _judge(job, test, 3, 4, 5)
+
+        os.dup2(ans_w, 103), os.dup2(req_r, 104)  # the program's reply (3) and request (4) ends
+        pid = _fork(program, stdin_fd, null, err_w, keep=(3, 4), remap={103: 3, 104: 4})
+        os.dup2(req_w, 103), os.dup2(ans_r, 104), os.dup2(rep_w, 105)
+        judge_pid = _fork(judge, stdin_fd, null, err_w, keep=(3, 4, 5), remap={103: 3, 104: 4, 105: 5})
+        for fd in (103, 104, 105, req_r, req_w, ans_r, ans_w):
+            os.close(fd)
+    else:
+
+        def program() -> int:
+            _drop_privileges(limits, uid, gid)
+            return _grandchild(job, test, 3, None)
+
+        os.dup2(rep_w, 103)
+        pid = _fork(program, stdin_fd, out_w if kind == "stdin_stdout" else null, err_w, keep=(3,), remap={103: 3})
+        os.close(103)
+        judge_pid = None
+    for fd in (stdin_fd, null, out_w, err_w, rep_w):
+        os.close(fd)
     fds = {"report": rep_r, "stderr": err_r}
-    if job["kind"] == "stdin_stdout":
+    if kind == "stdin_stdout":
         fds["stdout"] = out_r
     else:
         os.close(out_r)
-    got = _collect(pid, fds, job["limits"], ("uid", uid) if uid is not None else ("sid", pid))
+    waited = judge_pid or pid
+    got = _collect(waited, fds, job["limits"], ("uid", uid) if uid is not None else ("sid", pid), until={"report"} if judge_pid else None)
     seconds = time.monotonic() - t0
     if not got["pid_done"]:
-        os.kill(pid, signal.SIGKILL)
-        _, wstatus = os.waitpid(pid, 0)
+        os.kill(waited, signal.SIGKILL)
+        _, wstatus = os.waitpid(waited, 0)
         if got["status"] == "ok":
             got["status"] = "timeout"
         got["exit"], got["signal"] = _decode_status(wstatus)
+    if judge_pid:  # the program's part is over: it answers no more calls
+        _end(pid, grace=0.2)
     leftovers = kill_uid(uid) if uid is not None else (_kill_session(pid) or 0)
     _reap()
     bufs = got["bufs"]
@@ -582,6 +897,21 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
         "stderr": bytes(bufs["stderr"]).decode("utf-8", "replace"),
         "leftovers": leftovers,
     }
+
+
+def _end(pid: int, grace: float) -> None:
+    """Let `pid` exit within `grace` seconds (it has seen the end of its input), else kill it."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.001)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
 
 
 class _Gone(Exception):
@@ -627,7 +957,8 @@ def _serve(cfg: dict) -> None:
         elif op == "end":
             killed = kill_uid(cfg["uid"]) if cfg.get("uid") is not None else 0
             _reap()
-            _clean_workdir(cfg["workdir"])
+            for scratch in cfg["scratch_dirs"] if cfg.get("bwrap") else [cfg["workdir"]]:
+                _clean_workdir(scratch)
             if cfg.get("uid") is not None and not applied.get("mounts"):
                 _sweep_shared_dirs(cfg["uid"], cfg.get("private_tmp_dirs", []))
             job = None

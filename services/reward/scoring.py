@@ -11,7 +11,8 @@ verdict (``error`` when the fault is not the response's), so one bad sample neve
 batch around it.
 
 The reward of a sample is ``correctness + sum(penalties)``; `pb.Score` carries both, the
-penalties by name.
+penalties by name. The penalties are the sample's own (its stage's, carried on the prompt
+group) or else the service's settings.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from magic.common.config import RewardSettings
+from magic.common.config import PenaltySettings
 from magic.common.metrics import REWARD_INFLIGHT, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS, SANDBOX_KILLS
 from magic.common.pb import messages_pb2 as pb
 from magic.reward import math_verifier
 from magic.reward.penalties import PenaltyInput, compute_penalties
+from magic.reward.settings import RewardSettings
 from magic.reward.timeboxed import TimeboxedPool
 from magic.reward.verdict import Status, Verdict
 
@@ -53,6 +55,7 @@ class Sample:
     problem: str = ""  # the prompt's last user message (multiple-choice options are read from it)
     response_tokens: int | None = None
     max_tokens: int | None = None  # the context length T it was sampled with
+    penalties: PenaltySettings | None = None  # the stage's penalties; None: the service's settings
 
 
 def verify_math(name: str, response: str, gold: str, problem: str) -> Verdict:
@@ -86,7 +89,7 @@ class Scorer:
     def kind(self, data_source: str) -> str:
         """"code" when `data_source` matches a code pattern of the settings, else "math".
 
-        >>> from magic.common.config import RewardSettings
+        >>> from magic.reward.settings import RewardSettings
         >>> s = Scorer.__new__(Scorer); s._code_patterns = ["code", "*livecodebench*"]
         >>> s.kind("LiveCodeBench/v5"), s.kind("math"), s.kind("magic/chain-sum")
         ('code', 'math', 'math')
@@ -134,7 +137,8 @@ class Scorer:
         """Score one sample: its verdict, the penalties, and the reward."""
         kind, v = self.verdict(sample)
         correctness = 1.0 if v.correct else 0.0
-        penalties = compute_penalties(PenaltyInput(sample.response, sample.response_tokens, sample.max_tokens), self.settings.penalties)
+        settings = sample.penalties if sample.penalties is not None else self.settings.penalties
+        penalties = compute_penalties(PenaltyInput(sample.response, sample.response_tokens, sample.max_tokens), settings)
         for name, value in penalties.items():
             if value:
                 REWARD_PENALTIES.labels(name=name).inc()

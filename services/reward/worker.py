@@ -6,7 +6,8 @@
         publish each scored group, then acknowledge its rollout entry (atomically)
 
 A sample that cannot be judged gets verdict ERROR and reward 0 and never fails its group; an
-entry that does not decode is dead-lettered. The process also serves, on ``MAGIC_METRICS_PORT``,
+entry that does not decode, or whose prompt is not one the controller published
+(`magic.common.steps`), is dead-lettered with the reason. The process also serves, on ``MAGIC_METRICS_PORT``,
 GET /metrics, /livez, /readyz (ready once the verifiers passed their self-check) and
 POST /v1/score (`magic.reward.api`), whether or not a run is active.
 
@@ -21,28 +22,36 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import redis
+from pydantic import ValidationError
 
-from magic.common import codec, keys
+from magic.common import codec, faults, keys
 from magic.common.bus import ConsumerGroup, Entry, Stream
-from magic.common.config import RewardSettings
-from magic.common.heartbeat import alive_workers
+from magic.common.config import PenaltySettings
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
+from magic.reward.settings import RewardSettings
+from magic.common.steps import StepStore
 from magic.reward.scoring import Sample, Scorer
 
 log = logging.getLogger(__name__)
 
 SERVICE = "reward"
-GROUP = "reward"
+GROUP = keys.REWARD_GROUP
 
 
 def samples_of(group: pb.RolloutGroup) -> list[Sample]:
-    """The scoring inputs of a rollout group's samples."""
+    """The scoring inputs of a rollout group's samples, with its stage's penalties if it carries
+    some; raises ValueError when they are malformed."""
     p = group.prompt
     problem = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
+    penalties = None
+    if p.penalties_json:
+        try:
+            penalties = PenaltySettings.model_validate_json(p.penalties_json)
+        except ValidationError as exc:
+            raise ValueError(f"group {p.group_id}: malformed penalties_json: {exc.errors()[:1]}") from None
     return [
         Sample(
             data_source=p.data_source,
@@ -51,6 +60,7 @@ def samples_of(group: pb.RolloutGroup) -> list[Sample]:
             problem=problem,
             response_tokens=len(s.response_ids) or None,
             max_tokens=p.sampling.max_tokens or None,
+            penalties=penalties,
         )
         for s in group.samples
     ]
@@ -66,39 +76,52 @@ class RewardWorker(Worker):
         self.rollouts = ConsumerGroup(r, self.keys.rollouts, GROUP, self.name, dead_stream=self.keys.dead, max_deliveries=settings.max_deliveries)
         self.rollouts.ensure()
         self.scored = Stream(r, self.keys.scored)
-        self._last_reclaim = 0.0
+        self.steps = StepStore(r, run_id)
+        self.armed = settings.armed_faults
         self.groups_scored = 0
 
     def status(self) -> dict:
         return {"groups_scored": self.groups_scored}
 
     def poll(self) -> None:
-        entries = self._reclaim() or self.rollouts.read(count=self.settings.read_groups, block_ms=500)
-        batch = [(e, g) for e in entries if (g := self.rollouts.decode(e, pb.RolloutGroup)) is not None]
+        entries = self.rollouts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self.rollouts.read(count=self.settings.read_groups, block_ms=500)
+        batch = [(e, g) for e in entries if (g := self.rollouts.decode(e, pb.RolloutGroup, check=self._problem)) is not None]
         if batch:
             self.score(batch)
 
+    def _problem(self, group: pb.RolloutGroup) -> str | None:
+        """Why `group` is not scored, or None: its prompt must be one the controller published,
+        with the gs samples it asked for."""
+        if (problem := self.steps.check_group(group.prompt)) is not None:
+            return problem
+        if len(group.samples) != group.prompt.sampling.n:
+            return f"group {group.prompt.group_id}: {len(group.samples)} samples, the prompt asked for {group.prompt.sampling.n}"
+        return None
+
     def score(self, batch: list[tuple[Entry, pb.RolloutGroup]]) -> None:
-        """Score every sample of the groups together, then publish and acknowledge group by group."""
-        per_group = [samples_of(g) for _, g in batch]
+        """Score every sample of the groups together, then publish and acknowledge group by group.
+        A group whose scoring inputs are malformed goes to the dead-letter stream."""
+        valid, per_group = [], []
+        for entry, group in batch:
+            try:
+                per_group.append(samples_of(group))
+                valid.append((entry, group))
+            except ValueError as exc:
+                self.rollouts.dead_letter(entry, str(exc))
+        batch = valid
         scores = iter(self.scorer.score_many([s for samples in per_group for s in samples]))
         for (entry, group), samples in zip(batch, per_group):
             out = pb.ScoredGroup(rollout=group, worker=self.name)
             out.scores.extend(next(scores) for _ in samples)
+            faults.point(self.armed, "reward.scored", group.prompt.step)
             pipe = self.r.pipeline(transaction=True)  # publish + ack atomically (same hash slot)
             # difficulty-estimation groups go to the controller, never to the learner
             target = self.keys.estimates if group.prompt.kind == pb.GROUP_KIND_ESTIMATE else self.scored.key
             pipe.xadd(target, codec.encode(out))
             pipe.xack(self.rollouts.stream, GROUP, entry.id)
             pipe.execute()
+            faults.point(self.armed, "reward.published", group.prompt.step)
             self.groups_scored += 1
-
-    def _reclaim(self) -> list[Entry]:
-        now = time.time()
-        if now - self._last_reclaim < self.settings.heartbeat_ttl_seconds / 2:
-            return []
-        self._last_reclaim = now
-        return self.rollouts.reclaim(alive_workers(self.r, SERVICE))
 
 
 def _warm_up(scorer: Scorer) -> None:
@@ -117,7 +140,7 @@ def _warm_up(scorer: Scorer) -> None:
 
 def run(settings: RewardSettings | None = None) -> int:
     from magic.common.logs import setup_logging
-    from magic.common.metrics import serve_http
+    from magic.common.metrics import registry_of, serve_http
     from magic.common.service import serve
     from magic.reward.api import ScoreAPI
 
@@ -126,8 +149,10 @@ def run(settings: RewardSettings | None = None) -> int:
     scorer = Scorer(settings)
     threading.Thread(target=_warm_up, args=(scorer,), name="reward-warm-up", daemon=True).start()
     if settings.metrics_port is not None:  # one port: probes, metrics and POST /v1/score
-        api = ScoreAPI(scorer, settings.max_request_samples)
-        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle})
+        api = ScoreAPI(scorer, settings.max_request_samples, settings.api_token)
+        if settings.api_token is None:
+            log.warning("MAGIC_API_TOKEN is not set: POST /v1/score refuses every request")
+        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle}, registry=registry_of(SERVICE))
     try:
         runtime = settings.model_copy(update={"metrics_port": None})  # the endpoint is already up
         return serve(SERVICE, runtime, lambda r, run_id: RewardWorker(r, run_id, settings, scorer))

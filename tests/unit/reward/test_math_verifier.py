@@ -17,6 +17,7 @@ CORPUS = Path(__file__).parents[2] / "data" / "reward" / "math_corpus.jsonl"
 CATEGORIES = {
     "integer", "fraction", "decimal", "radical", "pi", "interval", "set", "tuple", "matrix",
     "expression", "equation", "unit", "percent", "degree", "choice",
+    "matrix_structure", "unit_letters", "clock_time", "function", "set_builder", "unicode", "list_gold",
 }
 
 
