@@ -25,13 +25,8 @@ import subprocess
 import sys
 import time
 
+from _proc import rss_bytes
 
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _available_bytes() -> int:
@@ -56,7 +51,7 @@ def child(variant: str, tokens: int, vocab: int, hidden: int, chunk: int, device
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _rss_bytes()
+        base = rss_bytes()
     t0 = time.perf_counter()
     if variant == "chunked":
         logp, ent = modeling.logp_entropy_from_hidden(head, h, targets, temperature=1.0, chunk_size=chunk)

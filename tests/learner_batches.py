@@ -31,7 +31,7 @@ def scored_groups(step: int, n_groups: int, group_size: int, vocab: int, seed: i
             scores.append(pb.Score(reward=reward, correctness=reward))
         if all(s.reward == 0 for s in scores):
             scores[0].reward = scores[0].correctness = 1.0
-        groups.append(pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=pb.PromptGroup(step=step, group_id=f"{step}:{i}"), prompt_ids=prompt, samples=samples), scores=scores))
+        groups.append(pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=pb.PromptGroup(step=step, policy_version=step, group_id=f"{step}:{i}", sampling=pb.SamplingParams(n=group_size)), prompt_ids=prompt, samples=samples), scores=scores))
     return groups
 
 
@@ -44,3 +44,19 @@ def stage(**overrides) -> StageConfig:
     )
     base.update(overrides)
     return StageConfig.model_validate(base)
+
+
+def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: list[pb.ScoredGroup]) -> None:
+    """Put `groups` on the run's `scored` stream as the real services would: the controller's
+    publication of step `step` (record + group digests, `magic.common.steps`), then the groups."""
+    from magic.common import keys
+    from magic.common.bus import Stream
+    from magic.common.steps import StepStore
+
+    for g in groups:
+        g.rollout.prompt.run_id = run_id
+    pipe = r.pipeline(transaction=True)
+    StepStore(r, run_id).publish_step(pipe, step, 0, stage_config, [g.rollout.prompt for g in groups])
+    pipe.execute()
+    for g in groups:
+        Stream(r, keys.RunKeys(run_id).scored).add(g)

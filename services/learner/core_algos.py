@@ -19,28 +19,22 @@ from dataclasses import dataclass
 
 import torch
 
+from magic.common.registry import Registry
+
 AdvantageFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-_ADVANTAGES: dict[str, AdvantageFn] = {}
+_ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 EPS = 1e-6
 """Added to a standard deviation before dividing by it (verl's `epsilon`)."""
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in _ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ADVANTAGES[name] = fn
-        return fn
-
-    return wrap
+register_advantage = _ADVANTAGES.register
+"""Decorator registering an advantage estimator by name (twice is an error)."""
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    try:
-        return _ADVANTAGES[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(_ADVANTAGES)}") from None
+    """The estimator registered under `name` (ValueError listing the known ones otherwise)."""
+    return _ADVANTAGES.lookup(name)
 
 
 # -- statistics over masked groups ------------------------------------------------------------
@@ -71,6 +65,25 @@ def _masked_std(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> tuple[t
     return (ss / (n - 1).clamp(min=1)).sqrt(), n
 
 
+def reward_spread(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """max - min of each group's counted rewards: (G, gs) -> (G,); 0 for a group with no counted sample.
+
+    >>> reward_spread(torch.tensor([[0.1] * 7, [0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5]]), torch.ones(2, 7, dtype=torch.bool))
+    tensor([0., 1.])
+    """
+    big = torch.finfo(rewards.dtype).max
+    hi = torch.where(mask, rewards, torch.full_like(rewards, -big)).max(dim=1).values
+    lo = torch.where(mask, rewards, torch.full_like(rewards, big)).min(dim=1).values
+    return torch.where(mask.any(dim=1), hi - lo, torch.zeros_like(hi))
+
+
+def _centered(rewards: torch.Tensor, mean: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """r - mean_group, exactly 0 in a group whose counted rewards are all equal: float rounding of
+    the mean (seven rewards of 0.1 in float32) must not turn a flat group into a signal."""
+    flat = (reward_spread(rewards, mask) == 0)[:, None]
+    return torch.where(flat, torch.zeros_like(rewards), rewards - mean)
+
+
 def _finish(adv: torch.Tensor, mask: torch.Tensor, enough: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """Zero the advantages of samples outside the statistics and of groups with fewer than 2 counted samples."""
     adv = torch.where(mask & enough, adv, torch.zeros_like(adv))
@@ -95,7 +108,7 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None, eps
     mask = _check(rewards, mask)
     mean, n = _masked_mean(rewards, mask, dim=1)
     std, _ = _masked_std(rewards, mask, dim=1)
-    return _finish((rewards - mean) / (std + eps), mask, n >= 2)
+    return _finish(_centered(rewards, mean, mask) / (std + eps), mask, n >= 2)
 
 
 @register_advantage("drgrpo")
@@ -104,7 +117,7 @@ def drgrpo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None) -
     (verl's GRPO with `norm_adv_by_std_in_grpo=False`). Shapes as `grpo_advantages`."""
     mask = _check(rewards, mask)
     mean, n = _masked_mean(rewards, mask, dim=1)
-    return _finish(rewards - mean, mask, n >= 2)
+    return _finish(_centered(rewards, mean, mask), mask, n >= 2)
 
 
 @register_advantage("rloo")
@@ -113,7 +126,7 @@ def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None) -> 
     = n/(n-1) * (r_ij - mean_j r_ij) (verl's `compute_rloo_outcome_advantage`). Shapes as `grpo_advantages`."""
     mask = _check(rewards, mask)
     mean, n = _masked_mean(rewards, mask, dim=1)
-    return _finish((rewards - mean) * n / (n - 1).clamp(min=1), mask, n >= 2)
+    return _finish(_centered(rewards, mean, mask) * n / (n - 1).clamp(min=1), mask, n >= 2)
 
 
 @register_advantage("batch")
@@ -135,7 +148,7 @@ def lite_ppo_advantages(rewards: torch.Tensor, mask: torch.Tensor | None = None,
     mask = _check(rewards, mask)
     mean, n = _masked_mean(rewards, mask, dim=1)
     std, _ = _masked_std(rewards, mask, dim=None)
-    return _finish((rewards - mean) / (std + eps), mask, n >= 2)
+    return _finish(_centered(rewards, mean, mask) / (std + eps), mask, n >= 2)
 
 
 def truncation_mask(strategy: str, truncated: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,9 +184,26 @@ def compute_advantages(
 
 
 def zero_advantage_groups(adv: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
-    """Groups whose advantages are all zero: (G,) bool. Rejection sampling (paper §3.1, below eq. 2.5)
-    drops them: they carry no policy-gradient signal but would still weigh in the entropy/KL terms."""
+    """Groups whose advantages are all zero: (G,) bool."""
     return (adv.abs() <= atol).all(dim=1)
+
+
+def rejected_groups(rewards: torch.Tensor, stats_mask: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """Rejection sampling (paper §3.1, below eq. 2.5): the groups with no relative signal, (G,) bool.
+
+    A group is rejected when the rewards that count in its statistics (`stats_mask`) are all
+    equal — max - min = 0, decided on the rewards themselves, not on float advantages, so seven
+    penalty-shaped rewards of 0.1 are rejected like seven 0s — or when fewer than two count, or
+    when every advantage is exactly 0 after the truncation mask (e.g. a group all truncated under
+    Adv-Mask-After). They carry no policy-gradient signal but would still weigh in the entropy
+    and KL terms. rewards, stats_mask, adv: (G, gs).
+
+    >>> r = torch.tensor([[0.1] * 4, [0.0, 1.0, 0.0, 0.0]]); m = torch.ones(2, 4, dtype=torch.bool)
+    >>> rejected_groups(r, m, torch.tensor([[7e-3] * 4, [-0.5, 1.5, -0.5, -0.5]]))
+    tensor([ True, False])
+    """
+    few = stats_mask.sum(dim=1) < 2
+    return (reward_spread(rewards, stats_mask) == 0) | few | zero_advantage_groups(adv)
 
 
 # -- the loss (eq. 3.1 with §3.2.6's k3 term) -------------------------------------------------
@@ -208,7 +238,12 @@ def ppo_clip_loss(
     mask: (B, L) 1 on response tokens. Returns the loss (this micro-batch's share of the batch
     mean) and metric *sums* over the micro-batch's tokens (divide by N after accumulating):
     tokens clipped on the high side (rho > 1 + clip_high, A > 0), the low side (rho < 1 - clip_low,
-    A < 0), by the dual clip, and the k3 estimate of KL(pi_old || pi_theta).
+    A < 0), by the dual clip, and two divergences between pi_old and pi_theta on the sampled tokens:
+
+    - `kl_old`: k3 of KL(pi_theta || pi_old), pi_old/pi_theta - log(pi_old/pi_theta) - 1 >= 0 per
+      token (the same form as the reference term `k3_kl`, which estimates KL(pi_theta || pi_ref));
+    - `ppo_kl`: verl's `ppo_kl`, log pi_old - log pi_theta per token (k1; its mean estimates
+      KL(pi_old || pi_theta) over tokens sampled from pi_old, and may be negative on a batch).
     """
     mask = mask.to(logp.dtype)
     log_ratio = logp - old_logp
@@ -229,6 +264,7 @@ def ppo_clip_loss(
             "pg_clipfrac_low": (((ratio < 1.0 - clip_low) & (adv < 0)).to(logp.dtype) * mask).sum(),
             "pg_clipfrac_dual": (dual.to(logp.dtype) * mask).sum(),
             "kl_old": (k3_kl(logp.detach(), old_logp) * mask).sum(),
+            "ppo_kl": ((old_logp - logp.detach()) * mask).sum(),
         }
     return loss, sums
 

@@ -3,17 +3,20 @@
     attach: load the policy — the latest checkpoint if the run already progressed (weights,
             optimizer, entropy controller), else the run's initial model — and publish it if
             the rollout workers have not got it yet
+            (the newest announcement is the authority); finish a step whose commit was cut short
     loop:
-        pull scored groups into the step ledger (each group id counted once)
+        pull scored groups into the step ledger (each group id counted once; a group the
+          controller did not publish is dead-lettered)
         when step k has all its D_R groups:
             train on them (trainer.train_step), checkpoint every `checkpoint_every` steps
-            publish version k + 1, record the step as trained
-            acknowledge every entry of step k, announce StepCompleted(k)
+            prepare StepCompleted(k), publish version k + 1, then commit in one MULTI:
+            last_step = k, acknowledge every entry of step k, StepCompleted(k) on `events`
 
-Scored entries stay unacknowledged until their step is trained and the new weights are
-published, so a learner that dies mid-step gets them back (its own pending entries, or a new
-learner reclaims them once the old heartbeat expires) and never trains a step twice: entries of
-steps already trained are acknowledged and dropped.
+The commit protocol (and why a crash at any point of it trains each step once and sends
+StepCompleted once) is `magic.common.steps`. Scored entries stay unacknowledged until their
+step is committed, so a learner that dies mid-step gets them back (its own pending entries, or
+a new learner reclaims them once the old heartbeat expires); entries of steps already trained
+are acknowledged and dropped.
 
 Several ranks (backend "deepspeed", started by `deepspeed`/`torchrun`): rank 0 alone talks to
 Redis, runs this worker and *broadcasts* each collective operation — attach, train a step
@@ -32,20 +35,21 @@ from pathlib import Path
 import redis
 import torch
 
-from magic.common import keys, metrics as m, modeling
-from magic.common.bus import ConsumerGroup, Entry, StepLedger, Stream
+from magic.common import faults, keys, metrics as m, modeling
+from magic.common.bus import ConsumerGroup, Entry, Stream
 from magic.common.config import LearnerSettings, RunSpec, StageConfig
-from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
+from magic.common.steps import StepStore
 from magic.common.weights import make_sender
 from magic.learner import backends
+from magic.learner.ledger import StepLedger
 from magic.learner.trainer import Trainer, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
 SERVICE = "learner"
-GROUP = "learner"
+GROUP = keys.LEARNER_GROUP
 
 
 def run_dir(settings: LearnerSettings, run_id: str) -> Path:
@@ -59,9 +63,7 @@ def checkpoint_root(settings: LearnerSettings, run_id: str) -> Path:
 def _device(settings: LearnerSettings) -> torch.device:
     device = torch.device(settings.device)
     if device.type == "cuda" and device.index is None and settings.backend == "deepspeed":
-        import os
-
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", settings.local_rank)
     return device
 
 
@@ -71,19 +73,28 @@ def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> T
     the first such step (stages appended later)."""
     device = _device(settings)
     tokenizer = modeling.load_tokenizer(spec.model)
-    model = modeling.load_model(model_dir, device)
+    model = modeling.load_model(model_dir, device)  # float32: the master weights of bf16 training come from it
+    precision = dict(precision=settings.precision, activation_checkpointing=settings.activation_checkpointing)
     if settings.backend == "deepspeed":
-        backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size)
+        backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size, **precision)
     else:
-        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size)
+        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size, **precision)
+
     def load_reference() -> torch.nn.Module:
         return modeling.load_model(spec.model, device).requires_grad_(False)
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    trainer = Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, load_reference=load_reference, chunk_size=settings.logprob_chunk_size)
-    if any(s.kl_coef > 0 for s in spec.stages):
-        trainer.reference = load_reference()
+    trainer = Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, load_reference=load_reference, chunk_size=settings.logprob_chunk_size, assets_from=spec.model)
+    if any(s.kl_coef > 0 and s.kl_reference == "initial" for s in spec.stages):
+        trainer.reference = load_reference().to(backends.PRECISION_DTYPES[settings.precision])
     return trainer
+
+
+def publish_dtype(settings: LearnerSettings) -> torch.dtype:
+    """The dtype published weights are cast to (`LearnerSettings.publish_dtype`)."""
+    if settings.publish_dtype == "auto":
+        return backends.PRECISION_DTYPES[settings.precision]
+    return getattr(torch, settings.publish_dtype)
 
 
 def _broadcast(command: tuple) -> None:
@@ -102,14 +113,10 @@ class LearnerWorker(Worker):
         self.scored = ConsumerGroup(r, self.keys.scored, GROUP, self.name, dead_stream=self.keys.dead, max_deliveries=settings.max_deliveries)
         self.scored.ensure()
         self.weights = Stream(r, self.keys.weights)
-        self.events = Stream(r, self.keys.events)
+        self.steps = StepStore(r, run_id)
         self.ledger: StepLedger[pb.ScoredGroup] = StepLedger()
-        self._last_reclaim = 0.0
         self.ckpt_root = checkpoint_root(settings, run_id)
-
-        last = r.hget(self.keys.learner_state, "last_step")
-        self.step = int(last) + 1 if last is not None else 0  # the next step to train
-        self.version = self.step  # on-policy: version k is the policy after k steps
+        self.armed = settings.armed_faults
         self.weight_sender = make_sender(
             settings.weight_transport,
             r=r,
@@ -119,27 +126,53 @@ class LearnerWorker(Worker):
             config_json=modeling.load_model_config(self.spec.model).to_json_string(),
             keep=settings.keep_weight_versions,
         )
+        announced = self._finish_cut_commit()
+        progress = self.steps.learner_progress()
+        self.step = progress.last_step + 1  # the next step to train
+        self.version = self.step  # on-policy: version k is the policy after k steps
+        if self.step > 0 and announced != self.version:
+            raise RuntimeError(f"run {self.run_id}: the learner committed step {self.step - 1} but the newest announced weights are v{announced}")
         model_dir, ckpt = self._resume_source()
         _broadcast(("attach", self.run_id, self.spec.model_dump_json(), model_dir, str(ckpt) if ckpt else None))
         self.trainer = _attach(settings, self.spec, model_dir, ckpt)
         if ckpt is None and self.version > 0:
-            coef = r.hget(self.keys.learner_state, "entropy_coef")
-            self.trainer.controller.coef = float(coef) if coef is not None else 0.0
+            self.trainer.controller.coef = progress.entropy_coef or 0.0
             self.trainer.controller.step = self.step
         if self.step < self.spec.total_steps:  # the stage's entropy settings are known before its first step
             ent = self.spec.stage_at(self.step)[1].entropy
             m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.coef if ent.adaptive else ent.coef})
-        if self.version not in {u.version for _, u in self.weights.read_after("0", pb.WeightUpdate)}:
+        if announced is None:  # v0: announced once, never rewritten by a restarted learner
             self.publish()
+
+    def _announced(self) -> tuple[str, pb.WeightUpdate] | None:
+        """The newest well-formed announcement of this run on `weights` (poison skipped)."""
+        return self.weights.newest(pb.WeightUpdate, check=lambda u: None if u.run_id == self.run_id else "another run's announcement")
+
+    def _finish_cut_commit(self) -> int | None:
+        """A learner killed between announcing v(k+1) and committing step k left StepCompleted(k)
+        prepared: commit it now (the weights are out, so the step is done). A prepared step whose
+        weights were never announced is dropped and trained again. Returns the newest announced
+        version."""
+        newest = self._announced()
+        version = newest[1].version if newest else None
+        progress = self.steps.learner_progress()
+        done = progress.prepared
+        if done is None:
+            return version
+        if done.step == progress.last_step + 1 and version == done.step + 1:
+            done.published_at = newest[1].published_at
+            log.warning("step %d was trained and v%d announced before a crash: completing its commit", done.step, version)
+            self.steps.commit(done, self.name, progress.prepared_coef, GROUP, [])  # its entries are acked as late copies
+        else:
+            log.warning("dropping prepared step %d (v%d was not announced): it is trained again", done.step, done.step + 1)
+            self.steps.drop_prepared()
+        return version
 
     def _resume_source(self) -> tuple[str, Path | None]:
         """Where the policy comes from: the initial model, the checkpoint of the last trained step,
         or (no checkpoint) the last published weights, with a fresh optimizer."""
         if self.version == 0:
             return self.spec.model, None
-        published = self.weights.last(pb.WeightUpdate)
-        if published is None or published[1].version != self.version:
-            raise RuntimeError(f"run {self.run_id}: the learner trained step {self.step - 1} but weights v{self.version} are not announced")
         ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
         if ckpt is not None:
             log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
@@ -157,37 +190,49 @@ class LearnerWorker(Worker):
     # -- the loop ----------------------------------------------------------------------------
 
     def poll(self) -> None:
-        entries = self._reclaim() or self.scored.read(count=64, block_ms=500)
+        entries = self.scored.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self.scored.read(count=64, block_ms=500)
         for entry in entries:
             self.collect(entry)
-        expected = self._expected_groups(self.step)
+        expected = self.steps.expected(self.step)
         if expected is not None and self.ledger.is_complete(self.step, expected):
-            self.train_and_publish(expected)
+            self.train_and_publish()
 
     def collect(self, entry: Entry) -> None:
         group = self.scored.decode(entry, pb.ScoredGroup)
         if group is None:
             return
+        problem = self._problem(group)
+        if problem is not None:
+            self.scored.dead_letter(entry, f"refused ScoredGroup: {problem}")
+            return
         step = group.rollout.prompt.step
-        if step < self.step:  # a late copy of a step already trained
+        if step < self.step:  # a late copy of a group of a step already trained
             self.ledger.duplicates += 1
             self.scored.ack(entry.id)
             return
-        if len(group.scores) != len(group.rollout.samples):
-            self.scored.dead_letter(entry, f"group {group.rollout.prompt.group_id}: {len(group.scores)} scores for {len(group.rollout.samples)} samples")
-            return
         self.ledger.add(step, group.rollout.prompt.group_id, entry.id, group)
 
-    def _expected_groups(self, step: int) -> int | None:
-        raw = self.r.hget(self.keys.step(step), "expected")
-        return int(raw) if raw is not None else None
+    def _problem(self, group: pb.ScoredGroup) -> str | None:
+        """Why `group` cannot be trained on, or None: it must be a train group the controller
+        published, with its gs samples and one score per sample."""
+        prompt = group.rollout.prompt
+        if prompt.kind != pb.GROUP_KIND_TRAIN:
+            return f"group {prompt.group_id!r} is not a train group"
+        if (problem := self.steps.check_group(prompt)) is not None:
+            return problem
+        if len(group.rollout.samples) != prompt.sampling.n:
+            return f"group {prompt.group_id}: {len(group.rollout.samples)} samples, the prompt asked for {prompt.sampling.n}"
+        if len(group.scores) != len(group.rollout.samples):
+            return f"group {prompt.group_id}: {len(group.scores)} scores for {len(group.rollout.samples)} samples"
+        return None
 
-    def train_and_publish(self, expected: int) -> None:
+    def train_and_publish(self) -> None:
+        """Train step k on its complete batch, then commit it (`magic.common.steps`)."""
         k = self.step
         batch_complete_at = time.time()
         groups, entry_ids = self.ledger.pop(k)
-        groups = groups[:expected]
-        stage = StageConfig.model_validate_json(self.r.hget(self.keys.step(k), "stage_config"))  # the controller's stage of step k
+        stage = self.steps.record(k).stage_config  # the controller's stage of step k
+        faults.point(self.armed, "learner.collected", k)
         t0 = time.perf_counter()
         _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
         record = self.trainer.train_step(groups, version=k, stage=stage)
@@ -202,29 +247,17 @@ class LearnerWorker(Worker):
             _broadcast(("checkpoint", str(self.ckpt_root), k, self.settings.keep_checkpoints))
             self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints)
             record["checkpoint_seconds"] = time.perf_counter() - t1
+        faults.point(self.armed, "learner.trained", k)
+        coef = self.trainer.controller.coef
+        done = pb.StepCompleted(step=k, new_version=k + 1, metrics=record, batch_complete_at=batch_complete_at, train_seconds=train_seconds)
+        self.steps.prepare(done, coef)
+        faults.point(self.armed, "learner.prepared", k)
         self.step, self.version = k + 1, k + 1
-        update = self.publish()
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.learner_state, mapping={"last_step": k, "updated_at": time.time(), "entropy_coef": self.trainer.controller.coef})
-        if entry_ids:
-            pipe.xack(self.scored.stream, GROUP, *entry_ids)
-        pipe.execute()
+        done.published_at = self.publish().published_at
+        faults.point(self.armed, "learner.announced", k)
+        self.steps.commit(done, self.name, coef, GROUP, entry_ids)
+        faults.point(self.armed, "learner.committed", k)
         m.LEARNER_STEP.set(k)
-        self.events.add(
-            pb.Event(
-                run_id=self.run_id,
-                at=time.time(),
-                source=self.name,
-                step_completed=pb.StepCompleted(
-                    step=k,
-                    new_version=self.version,
-                    metrics=record,
-                    batch_complete_at=batch_complete_at,
-                    train_seconds=train_seconds,
-                    published_at=update.published_at,
-                ),
-            )
-        )
         log.info(
             "step %d: reward %.3f acc %.3f entropy %.3f (c=%.4f, bonus %s) trained %d tokens in %.2fs -> v%d",
             k, record["reward_mean"], record["accuracy_all"], record.get("entropy", float("nan")), record.get("entropy_coef", 0.0),
@@ -235,18 +268,13 @@ class LearnerWorker(Worker):
         """Hand the full state dict to the weight transport (it announces the version on `weights`).
         With several ranks the weights are gathered first (ZeRO-3 partitions them)."""
         _broadcast(("publish",))
-        return self.weight_sender.publish(self.version, self.trainer.backend.full_state_dict())
+        state = modeling.cast_state_dict(self.trainer.backend.full_state_dict(), publish_dtype(self.settings))
+        return self.weight_sender.publish(self.version, state)
 
     def close(self) -> None:
+        self.trainer.wait_for_checkpoint()  # the one being written in the background
         _broadcast(("detach",))
         self.weight_sender.close()
-
-    def _reclaim(self) -> list[Entry]:
-        now = time.time()
-        if now - self._last_reclaim < self.settings.heartbeat_ttl_seconds / 2:
-            return []
-        self._last_reclaim = now
-        return self.scored.reclaim(alive_workers(self.r, SERVICE))
 
 
 def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str | Path | None) -> Trainer:
@@ -287,7 +315,7 @@ def run(settings: LearnerSettings | None = None) -> int:
     from magic.common.service import serve
 
     settings = settings or LearnerSettings()
-    rank, world = backends.world_from_env()
+    rank, world = settings.rank, settings.world_size
     if settings.backend == "deepspeed":
         rank, world = backends.init_distributed(_device(settings), settings.dist_timeout_seconds)
     elif world > 1:

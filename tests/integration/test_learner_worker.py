@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from learner_batches import scored_groups
+from learner_batches import publish_step, scored_groups
 from magic.common import keys, modeling
 from magic.common.bus import Stream
 from magic.common.config import LearnerSettings, RunSpec, StageConfig
@@ -23,11 +23,7 @@ def start_run(r, run_id: str, model_dir) -> None:
 
 
 def feed(r, run_id: str, step: int, vocab: int) -> None:
-    k = keys.RunKeys(run_id)
-    # what the controller writes when it publishes step k: the group count and the step's stage
-    r.hset(k.step(step), mapping={"expected": 4, "stage_config": StageConfig.model_validate(STAGE).model_dump_json()})
-    for g in scored_groups(step, 4, 4, vocab, seed=11):
-        Stream(r, k.scored).add(g)
+    publish_step(r, run_id, step, StageConfig.model_validate(STAGE), scored_groups(step, 4, 4, vocab, seed=11))
 
 
 def train(worker: LearnerWorker, r, run_id: str, step: int, vocab: int) -> dict[str, float]:

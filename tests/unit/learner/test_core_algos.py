@@ -187,3 +187,51 @@ def test_entropy_controller_follows_section_3_2_5():
     restored = core_algos.EntropyController()
     restored.load_state_dict(c.state_dict())
     assert restored == c
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo", "lite_ppo"])
+def test_identical_non_binary_rewards_give_exactly_zero_advantages_and_are_rejected(estimator):
+    """Seven penalty-shaped rewards of 0.1: float32 rounding of the group mean must not leave a
+    signal (it left |A| ~ 0.0074 under GRPO's 1e-6 epsilon)."""
+    rewards = torch.tensor([[0.1] * 7, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 1.1], [-0.3] * 7], dtype=torch.float32)
+    truncated = torch.zeros_like(rewards, dtype=torch.bool)
+    adv, _ = core_algos.compute_advantages(estimator, rewards, truncated)
+    assert adv[0].abs().max().item() == 0.0 and adv[2].abs().max().item() == 0.0
+    assert adv[1].abs().max().item() > 0
+    stats, _ = core_algos.truncation_mask("none", truncated)
+    assert core_algos.rejected_groups(rewards, stats, adv).tolist() == [True, False, True]
+
+
+def test_rejection_looks_at_the_rewards_that_count():
+    """Adv-Mask-Before leaves truncated rewards out of the statistics: a group whose counted
+    rewards are equal is rejected even though a truncated one differs; under `none` it is kept."""
+    rewards = torch.tensor([[0.5, 0.5, 0.0]])
+    truncated = torch.tensor([[False, False, True]])
+    for strategy, rejected in (("before", True), ("none", False), ("after", False)):
+        adv, _ = core_algos.compute_advantages("grpo", rewards, truncated, mask_strategy=strategy)
+        stats, _ = core_algos.truncation_mask(strategy, truncated)
+        assert core_algos.rejected_groups(rewards, stats, adv).tolist() == [rejected], strategy
+    # every sample truncated under `after`: the rewards differ, the advantages are all masked to 0
+    adv, _ = core_algos.compute_advantages("grpo", torch.tensor([[0.0, -0.5]]), torch.tensor([[True, True]]), mask_strategy="after")
+    stats, _ = core_algos.truncation_mask("after", torch.tensor([[True, True]]))
+    assert core_algos.rejected_groups(torch.tensor([[0.0, -0.5]]), stats, adv).tolist() == [True]
+
+
+def test_kl_old_is_k3_of_kl_theta_old_and_ppo_kl_is_verls():
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    old = torch.log(torch.tensor([[0.4, 0.3, 0.9]]))
+    _, sums = core_algos.ppo_clip_loss(logp, old, torch.ones(1, 1), torch.ones(1, 3), 3, 0.2, 0.28)
+    r = (old - logp).exp()  # pi_old / pi_theta
+    assert sums["kl_old"].item() == pytest.approx((r - r.log() - 1).sum().item())
+    assert sums["ppo_kl"].item() == pytest.approx((old - logp).sum().item())  # verl: mean(log pi_old - log pi_theta)
+
+
+def test_doctests():
+    import doctest
+
+    from magic.common import config
+    from magic.learner import trainer
+
+    assert doctest.testmod(core_algos).failed == 0
+    assert doctest.testmod(trainer).failed == 0
+    assert doctest.testmod(config).failed == 0

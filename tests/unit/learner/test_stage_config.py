@@ -25,7 +25,7 @@ def test_learner_backend_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("MAGIC_BACKEND", "deepspeed")
     monkeypatch.setenv("MAGIC_ZERO_STAGE", "3")
     s = LearnerSettings()
-    assert (s.backend, s.zero_stage, s.checkpoint_every) == ("deepspeed", 3, 1)
+    assert (s.backend, s.zero_stage, s.checkpoint_every) == ("deepspeed", 3, 20)
     monkeypatch.setenv("MAGIC_BACKEND", "megatron")
     with pytest.raises(ValidationError):
         LearnerSettings()

@@ -57,7 +57,8 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_step(tiny_model_dir, tmp
     first = make_trainer(tiny_model_dir, 64)
     for k in range(2):
         first.train_step(batches[k], version=k, stage=st)
-        first.save_checkpoint(tmp_path, k, keep=1)
+        first.save_checkpoint(tmp_path, k, keep=1)  # written in the background while step k + 1 trains
+    first.wait_for_checkpoint()
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]  # older ones deleted
     ckpt = latest_checkpoint(tmp_path, step=1)
     assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists() and (ckpt / "optimizer.pt").exists()
@@ -135,3 +136,73 @@ def test_the_reference_is_loaded_at_the_first_step_with_beta(tiny_model_dir):
         rec = trainer.train_step(scored_groups(k, 2, 4, vocab, seed=1), version=k, stage=stage())
         assert "kl_ref" in rec
     assert loads == [1] and trainer.reference is not None
+
+
+def _flat_groups(groups, which):
+    for i in which:
+        for sc in groups[i].scores:
+            sc.reward = 0.1  # penalty-shaped, identical: no relative signal
+    return groups
+
+
+@pytest.mark.parametrize("d_t, rejected, expected", [(2, 0, 8), (2, 3, 8), (2, 7, 8), (1, 7, 8)])
+def test_n_sgd_is_d_r_over_d_t_times_n_reuse_after_rejection(tiny_model_dir, d_t, rejected, expected):
+    """D_R 8, N_reuse 2: D_T 2 gives 8 optimizer steps whatever rejection drops (rule "count"),
+    down to one sample per mini-batch; D_T 1 with one group of 4 samples left can only make 4
+    mini-batches (8 steps instead of 16)."""
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage(D_R=8, D_T=d_t, N_reuse=2, beta=0.0)
+    groups = _flat_groups(scored_groups(0, 8, 4, vocab, seed=2), range(rejected))
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    rec = trainer.train_step(groups, version=0, stage=st)
+    assert rec["groups_rejected"] == rejected and rec["n_sgd"] == 8 // d_t * 2
+    assert rec["sgd_steps"] == expected
+
+
+def test_minibatch_rule_size_takes_fewer_steps_after_rejection(tiny_model_dir):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage(D_R=8, D_T=2, N_reuse=2, beta=0.0, minibatch_rule="size")
+    groups = _flat_groups(scored_groups(0, 8, 4, vocab, seed=2), range(3))
+    rec = make_trainer(tiny_model_dir, 64, with_reference=False).train_step(groups, version=0, stage=st)
+    assert rec["sgd_steps"] == 6  # 5 kept groups in mini-batches of 2, 2, 1; two passes
+
+
+def test_split_minibatches_counts():
+    from magic.learner.trainer import Sequence, split_minibatches
+
+    groups = [[Sequence([1, 2, 3], 1, [0.0, 0.0], 1.0) for _ in range(4)] for _ in range(5)]
+    assert [len(m) for m in split_minibatches(groups, 4)] == [8, 4, 4, 4]
+    assert [len(m) for m in split_minibatches(groups[:1], 3)] == [2, 1, 1]
+    assert [len(m) for m in split_minibatches(groups, 4, "size", 2)] == [8, 8, 4]
+    assert split_minibatches([], 4) == []
+    with pytest.raises(ValueError, match="mini-batch rule"):
+        split_minibatches(groups, 2, "often")
+
+
+def test_ema_reference_follows_the_policy(tiny_model_dir, tmp_path):
+    """kl_reference "ema": pi_ref starts at the policy of its first step and moves towards the
+    policy by (1 - d) after every step; it is checkpointed and restored."""
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    st = stage(kl_reference="ema", kl_ema_decay=0.9)
+    trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+    trainer.load_reference = lambda: modeling.load_model(tiny_model_dir, dtype=torch.float64).requires_grad_(False)
+    name = "model.layers.0.mlp.up_proj.weight"
+    theta0 = weights(trainer)[name]
+    rec0 = trainer.train_step(scored_groups(0, 4, 4, vocab, seed=3), version=0, stage=st)
+    assert rec0["kl_ref"] > 0  # pi_ref = theta_0 while the 4 SGD steps move the policy away
+    theta1 = weights(trainer)[name]
+    ref = dict(trainer.ema_reference.named_parameters())[name]
+    assert torch.allclose(ref, 0.9 * theta0 + 0.1 * theta1, atol=1e-12)
+    assert trainer.reference is None  # the initial model is never loaded as a reference
+    rec1 = trainer.train_step(scored_groups(1, 4, 4, vocab, seed=3), version=1, stage=st)
+    theta2 = weights(trainer)[name]
+    assert torch.allclose(dict(trainer.ema_reference.named_parameters())[name], 0.9 * (0.9 * theta0 + 0.1 * theta1) + 0.1 * theta2, atol=1e-12)
+    assert rec1["kl_ref"] > 0
+
+    trainer.save_checkpoint(tmp_path, 1, keep=1, background=False)
+    ckpt = latest_checkpoint(tmp_path, step=1)
+    resumed = Trainer(TorchBackend(modeling.load_model(ckpt, dtype=torch.float64), OPTIM, torch.device("cpu"), chunk_size=5), OPTIM, 0, 64, chunk_size=5,
+                      load_reference=trainer.load_reference)
+    resumed.load_checkpoint(ckpt)
+    for k, v in trainer.ema_reference.state_dict().items():
+        assert torch.equal(resumed.ema_reference.state_dict()[k], v), k
