@@ -133,8 +133,14 @@ class RolloutEngine(abc.ABC):
             while pending and (self.free_slots() >= pending[0][1].n or not self.in_flight()):
                 key, req = pending.popleft()
                 self.submit(key, req)
-            for key, out in self.step():
+            try:
+                finished = self.step()
+            except BaseException:
+                self.abort()  # never leave the other groups half in flight
+                raise
+            for key, out in finished:
                 if isinstance(out, Exception):
+                    self.abort()
                     raise out
                 results[key] = out
         ordered = [results[str(i)] for i in range(len(requests))]
@@ -198,9 +204,7 @@ class TorchEngine(RolloutEngine):
     # -- the engine contract -----------------------------------------------------------------
 
     def render_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
-        return list(ids)
+        return modeling.render_prompt(self.tokenizer, messages)
 
     def submit(self, key: str, request: GenerationRequest) -> None:
         if key in self._groups:

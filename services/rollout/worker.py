@@ -1,8 +1,11 @@
 """The rollout worker: prompt groups in, sampled groups out, always at the prompt's policy version.
 
+    attach: follow the `weights` stream from its newest announcement (older versions may be
+            garbage-collected already)
     loop:
         follow the `weights` stream; hand new announcements to the weight receiver (it loads
-          the newest version, or relays NCCL phases), record the version, announce WeightsLoaded
+          the newest version, or relays NCCL phases), record the version in `weight_versions`
+          (the one channel the controller's version barrier reads; `magic.common.steps`)
         admit prompt groups while the engine has free slots — pulled from the shared queue by
           whichever worker has room (dynamic load balancing, no static split)
           - a group asking for a newer version waits for it (its entry stays pending)
@@ -14,6 +17,11 @@ Stragglers: a group still pending at a live worker after `straggler_seconds` is 
 idle worker and generated again at the same policy version; whichever copy finishes first is
 published (a finished copy whose prompt was already acknowledged is dropped, and the learner's
 ledger drops any duplicate that slips through). Dead workers' groups are reclaimed as before.
+
+Poison is contained to its entry: a prompt that does not decode, that the controller did not
+publish (`StepStore.check_group`), or that the engine refuses (a bad sampling request, a prompt
+the engine cannot render) is dead-lettered with the reason and the worker goes on; a garbage
+entry on `weights` is recorded once in the dead-letter stream and skipped.
 """
 
 from __future__ import annotations
@@ -25,19 +33,19 @@ from dataclasses import dataclass
 
 import redis
 
-from magic.common import codec, keys, metrics as m
+from magic.common import codec, faults, keys, metrics as m
 from magic.common.bus import ConsumerGroup, Entry, Stream
 from magic.common.config import RolloutSettings, RunSpec
-from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import Worker
+from magic.common.steps import StepStore
 from magic.common.weights import WeightIntegrityError, WeightReceiver, make_receiver
 from magic.rollout.engine import GeneratedSample, GenerationRequest, RolloutEngine
 
 log = logging.getLogger(__name__)
 
 SERVICE = "rollout"
-GROUP = "rollout"
+GROUP = keys.ROLLOUT_GROUP
 MAX_ENGINE_ATTEMPTS = 3
 WEIGHT_RETRIES = 3
 
@@ -56,8 +64,16 @@ def build_engine(settings: RolloutSettings, model_path: str) -> RolloutEngine:
     """The engine named by `settings.engine`."""
     if settings.engine == "vllm":
         from magic.rollout.vllm_engine import VllmEngine
+        from magic.rollout.vllm_server import launch_server
 
-        return VllmEngine(settings.vllm_url, model_path, settings.vllm_model, settings.max_batch_sequences, settings.vllm_request_timeout_seconds)
+        server = launch_server(settings, model_path) if settings.vllm_launch else None
+        url = server.url if server else settings.vllm_url
+        try:
+            return VllmEngine(url, model_path, settings.vllm_model, settings.max_batch_sequences, settings.vllm_request_timeout_seconds, server=server)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
     from magic.rollout.engine import TorchEngine
 
     return TorchEngine(model_path, device=settings.device, max_batch_sequences=settings.max_batch_sequences)
@@ -76,13 +92,13 @@ class RolloutWorker(Worker):
         self.prompts.ensure()
         self.rollouts = Stream(r, self.keys.rollouts)
         self.weights = Stream(r, self.keys.weights)
-        self.events = Stream(r, self.keys.events)
-        self._weights_cursor = "0"
+        self.steps = StepStore(r, run_id)
+        self.armed = settings.armed_faults
+        self._weights_cursor = self._newest_cursor()
         self._weight_failures = 0
         self._work: dict[str, _Work] = {}  # entry id -> group in the engine
         self._held: list[tuple[Entry, pb.PromptGroup]] = []  # waiting for a newer version
         self._stolen_ids: set[str] = set()  # claimed from a straggling worker, not yet submitted
-        self._last_reclaim = 0.0
         self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._endpoint = receiver.endpoint_status(engine)
@@ -98,6 +114,11 @@ class RolloutWorker(Worker):
 
     def status(self) -> dict:
         return {"version": self.engine.version, "held": len(self._held), "in_flight": len(self._work), **self._endpoint}
+
+    def problem(self) -> str | None:
+        """Why this worker cannot serve: its engine's server is gone (the engine says)."""
+        check = getattr(self.engine, "problem", None)
+        return check() if check else None
 
     def close(self) -> None:
         self.engine.abort()
@@ -119,15 +140,19 @@ class RolloutWorker(Worker):
         """Fill the engine's free slots with ready groups: held ones first, then new ones, then stragglers."""
         ready = self._take_ready(self._held)
         if self._has_room(len(ready)):
-            entries = self._reclaim() or self._read(block=not self._work and not ready)
-            decoded = [(e, g) for e in entries if (g := self.prompts.decode(e, pb.PromptGroup)) is not None]
+            entries = self.prompts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self._read(block=not self._work and not ready)
+            decoded = [(e, g) for e in entries if (g := self.prompts.decode(e, pb.PromptGroup, check=self.steps.check_group)) is not None]
             ready += self._take_ready(decoded, keep_held=True)
         if not ready and not self._work:
             ready = self._take_ready(self._steal(), keep_held=True)
             for entry, _ in ready:
                 self._stolen_ids.add(entry.id)
         for entry, group in ready:
-            self._submit(entry, group)
+            try:
+                self._submit(entry, group)
+            except Exception as exc:  # noqa: BLE001 — the engine refused this one group: contain it
+                m.ERRORS.labels(service=SERVICE).inc()
+                self.prompts.dead_letter(entry, f"the engine refused group {group.group_id}: {type(exc).__name__}: {exc}")
 
     def _has_room(self, queued: int) -> bool:
         return self.engine.free_slots() - queued * self._group_size >= self._group_size or (not self._work and not queued)
@@ -168,14 +193,6 @@ class RolloutWorker(Worker):
         if group.published_at:
             m.ROLLOUT_QUEUE_WAIT_SECONDS.observe(max(0.0, now - group.published_at))
 
-    def _reclaim(self) -> list[Entry]:
-        """Entries left pending by dead workers (checked every half heartbeat TTL)."""
-        now = time.time()
-        if now - self._last_reclaim < self.settings.heartbeat_ttl_seconds / 2:
-            return []
-        self._last_reclaim = now
-        return self.prompts.reclaim(alive_workers(self.r, SERVICE))
-
     def _steal(self) -> list[tuple[Entry, pb.PromptGroup]]:
         """Claim groups of our version pending longer than `straggler_seconds` at other live workers."""
         idle_ms = int(self.settings.straggler_seconds * 1000)
@@ -188,7 +205,7 @@ class RolloutWorker(Worker):
         out = []
         for raw_id, fields in claimed:
             entry = Entry(raw_id.decode() if isinstance(raw_id, bytes) else raw_id, fields or {})
-            group = self.prompts.decode(entry, pb.PromptGroup) if entry.fields else None
+            group = self.prompts.decode(entry, pb.PromptGroup, check=self.steps.check_group) if entry.fields else None
             if group is not None:
                 out.append((entry, group))
         if out:
@@ -212,6 +229,8 @@ class RolloutWorker(Worker):
                 done.append((work, result))
         if not done:
             return
+        for work, _ in done:
+            faults.point(self.armed, "rollout.generated", work.group.step)
         still_pending = self._still_pending([w.entry.id for w, _ in done])
         now = time.time()
         pipe = self.r.pipeline(transaction=True)  # publish + ack atomically (same hash slot)
@@ -232,6 +251,8 @@ class RolloutWorker(Worker):
             published += 1
         pipe.xack(self.prompts.stream, GROUP, *(w.entry.id for w, _ in done))
         pipe.execute()
+        for work, _ in done:
+            faults.point(self.armed, "rollout.published", work.group.step)
         self._update_rate(now)
         log.debug("published %d groups", published)
 
@@ -259,8 +280,16 @@ class RolloutWorker(Worker):
 
     def sync_weights(self, block_ms: int = 0) -> None:
         """Hand new announcements to the receiver; record and announce the version it loads."""
-        updates = self.weights.read_after(self._weights_cursor, pb.WeightUpdate, block_ms=block_ms or None)
+        updates = self.weights.read_after(self._weights_cursor, pb.WeightUpdate, block_ms=block_ms or None, poison=self._poisoned_weights)
         if not updates:
+            return
+        read_to = updates[-1][0]
+        for entry_id, u in updates:
+            if u.run_id != self.run_id:
+                self._poisoned_weights(Entry(entry_id, codec.encode(u)), f"refused WeightUpdate: it names run {u.run_id!r}")
+        updates = [(i, u) for i, u in updates if u.run_id == self.run_id]
+        if not updates:
+            self._weights_cursor = read_to
             return
         before, t0 = self.engine.version, time.perf_counter()
         batch = [u for _, u in updates]
@@ -277,9 +306,23 @@ class RolloutWorker(Worker):
                 return  # the cursor stays: the same announcements are retried
             log.error("giving up on these weights after %d attempts: %s", self._weight_failures, exc)
         self._weight_failures = 0
-        self._weights_cursor = updates[-1][0]
+        self._weights_cursor = read_to
         if self.engine.version != before:
             self._loaded(self.engine.version, time.perf_counter() - t0, batch[-1].transport)
+
+    def _newest_cursor(self) -> str:
+        """The cursor that makes the first read start at the newest announcement of this run: a
+        worker (re)started late skips the versions before it (garbage-collected already)."""
+        newest = self.weights.newest(pb.WeightUpdate, check=lambda u: None if u.run_id == self.run_id else "another run")
+        if newest is None:
+            return "0"
+        ms, seq = (int(x) for x in newest[0].split("-"))
+        return f"{ms}-{seq - 1}" if seq > 0 else f"{ms - 1}-{2**64 - 1}"
+
+    def _poisoned_weights(self, entry: Entry, reason: str) -> None:
+        """A garbage entry on the fan-out stream: every follower skips it; it is recorded once."""
+        m.ERRORS.labels(service=SERVICE).inc()
+        self.weights.dead_letter_once(entry, reason, self.keys.dead, self.name)
 
     def _abort_superseded(self) -> None:
         """A newer version is announced only once the current step is complete, so groups still in
@@ -291,15 +334,8 @@ class RolloutWorker(Worker):
     def _loaded(self, version: int, seconds: float, transport: str) -> None:
         m.WEIGHT_LOAD_SECONDS.observe(seconds)
         m.ROLLOUT_WEIGHT_VERSION.set(version)
-        self.r.hset(self.keys.weight_versions, self.name, version)
-        self.events.add(
-            pb.Event(
-                run_id=self.run_id,
-                at=time.time(),
-                source=self.name,
-                weights_loaded=pb.WeightsLoaded(version=version, load_seconds=seconds, transport=transport),
-            )
-        )
+        faults.point(self.armed, "rollout.loaded", version - 1)
+        self.steps.serve_version(self.name, version)
         log.info("serving weights v%d (%s, %.2fs)", version, transport, seconds)
 
 

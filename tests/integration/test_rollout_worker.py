@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from magic.common import codec, keys
+from magic.common import keys
 from magic.common.bus import Stream
 from magic.common.config import FilesystemTransportConfig, RolloutSettings
 from magic.common.pb import messages_pb2 as pb
+from magic.common.steps import StepStore
 from magic.common.weights import make_receiver, make_sender
 from magic.rollout.engine import TorchEngine
 from magic.rollout.worker import RolloutWorker
@@ -26,11 +27,16 @@ def publish_weights(r, tmp_path, engine, version):
 
 
 def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0):
+    """Publish as the controller does (`StepStore.publish_groups`: the groups and their digests)."""
+    groups = []
     for i in range(count):
         g = pb.PromptGroup(run_id=RUN, group_id=f"{step}:{i:05d}", step=step, policy_version=version, published_at=time.time(),
                            sampling=pb.SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, seed=i))
         g.messages.add(role="user", content=f"Add {i}+1")
-        r.xadd(keys.RunKeys(RUN).prompts, codec.encode(g))
+        groups.append(g)
+    pipe = r.pipeline(transaction=True)
+    StepStore(r, RUN).publish_groups(pipe, step, groups)
+    pipe.execute()
 
 
 def make_worker(r, tiny_model_dir, tmp_path, name, **settings):
@@ -79,8 +85,7 @@ def test_groups_wait_for_their_version_and_stale_ones_are_skipped(r, tiny_model_
     publish_weights(r, tmp_path, w.engine, 2)
     drive([w], lambda: len(rollouts(r)) == 1)
     assert rollouts(r)[0].prompt.group_id == "2:00000" and rollouts(r)[0].samples[0].policy_version == 2
-    loaded = [e.weights_loaded.version for _, e in Stream(r, keys.RunKeys(RUN).events).read_after("0", pb.Event) if e.WhichOneof("kind") == "weights_loaded"]
-    assert loaded == [1, 2]
+    assert StepStore(r, RUN).served_versions() == {"w": 2}  # the one channel the version barrier reads
 
 
 def test_an_idle_worker_takes_over_a_straggling_group(r, tiny_model_dir, tmp_path):
@@ -113,3 +118,23 @@ def test_a_new_version_drops_groups_still_in_flight_at_the_old_one(r, tiny_model
     w.poll()
     assert w.engine.version == 1 and not w._work and w.engine.in_flight() == []
     assert rollouts(r) == [] and r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
+
+
+def test_a_worker_started_late_reads_weights_from_the_newest_announcement(r, tiny_model_dir, tmp_path):
+    """Older versions are garbage-collected on a long run: a (re)started worker must not wait on
+    them (it used to read `weights` from its start and retry each deleted version)."""
+    import shutil
+
+    first = make_worker(r, tiny_model_dir, tmp_path, "first")
+    for v in range(4):
+        publish_weights(r, tmp_path, first.engine, v)
+    for v in range(3):
+        shutil.rmtree(tmp_path / "weights" / f"v{v:06d}", ignore_errors=True)
+    r.xadd(keys.RunKeys(RUN).weights, {b"type": b"WeightUpdate", b"pb": b"\xff garbage after the newest"})
+    late = make_worker(r, tiny_model_dir, tmp_path, "late")
+    started = time.monotonic()
+    late.poll()
+    assert late.engine.version == 3 and late._weight_failures == 0 and time.monotonic() - started < 5
+    assert StepStore(r, RUN).served_versions() == {"late": 3}
+    dead = Stream(r, keys.RunKeys(RUN).dead).read_after("0", pb.DeadLetter)
+    assert len(dead) == 1 and "poison" in dead[0][1].reason

@@ -71,7 +71,10 @@ def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_oth
     assert not finished.is_alive()
 
     # a worker outside the group loads the filesystem snapshot of the same version
-    FilesystemWeightStore(tmp_path).write(1, {"w": __import__("torch").zeros(2)}, "{}")
+    from safetensors.torch import load_file  # the model's own tensors: the engine refuses a snapshot of another model
+
+    tensors = {name: t for path in sorted(tiny_model_dir.glob("*.safetensors")) for name, t in load_file(path).items()}
+    FilesystemWeightStore(tmp_path).write(1, tensors, "{}")
     other_server = FakeVllm(world_size=1)
     try:
         other = VllmEngine(other_server.url, str(tiny_model_dir), timeout=10)

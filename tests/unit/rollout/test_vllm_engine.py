@@ -1,13 +1,14 @@
 """The vLLM engine against a real local HTTP server answering with vLLM 0.33.0's shapes."""
 
+import re
 from pathlib import Path
 
 import pytest
 
 from magic.common.pb import messages_pb2 as pb
-from magic.common.weights import Checkpoint
+from magic.common.weights import Checkpoint, WeightIntegrityError
 from magic.rollout.engine import GenerationRequest
-from magic.rollout.vllm_engine import VllmEngine, VllmError, completion_request, parse_completion
+from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied, completion_request, parse_completion
 
 from .vllm_server import FakeVllm
 
@@ -55,8 +56,8 @@ def test_server_with_raw_logprobs_is_refused(tiny_model_dir):
         server.close()
 
 
-def test_generate_parses_token_ids_logprobs_and_finish_reasons(fake, engine, tmp_path):
-    engine.load_checkpoint(Checkpoint(3, tmp_path))
+def test_generate_parses_token_ids_logprobs_and_finish_reasons(fake, engine, tmp_path, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(3, tiny_model_dir))
     fake.script = [([5, 6, 2], [-0.5, -1.25, -0.01], "stop"), ([7, 8, 9, 10], [-2.0, -0.1, -0.3, -4.0], "length")]
     results, stats = engine.generate([GenerationRequest([1, 2], n=2, max_tokens=4, seed=11), GenerationRequest([3], n=3, max_tokens=4)])
     assert [len(r) for r in results] == [2, 3]
@@ -68,8 +69,8 @@ def test_generate_parses_token_ids_logprobs_and_finish_reasons(fake, engine, tmp
     assert sorted(b["n"] for b in bodies) == [2, 3] and all(b["model"] == "policy" for b in bodies)
 
 
-def test_samples_from_another_weight_version_are_refused(fake, engine, tmp_path):
-    engine.load_checkpoint(Checkpoint(3, tmp_path))
+def test_samples_from_another_weight_version_are_refused(fake, engine, tmp_path, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(3, tiny_model_dir))
     fake.weight_version = "2"  # the server's weights changed under us
     response = fake.completion({"n": 1, "prompt": [1], "return_token_ids": True, "return_weight_versions": True})
     with pytest.raises(VllmError, match="weight versions \\['2'\\], expected only 3"):
@@ -81,8 +82,8 @@ def test_samples_from_another_weight_version_are_refused(fake, engine, tmp_path)
     assert finished[0][0] == "g" and isinstance(finished[0][1], VllmError)
 
 
-def test_a_failed_request_comes_back_as_an_error_for_that_group_only(fake, engine, tmp_path):
-    engine.load_checkpoint(Checkpoint(0, tmp_path))
+def test_a_failed_request_comes_back_as_an_error_for_that_group_only(fake, engine, tmp_path, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(0, tiny_model_dir))
     fake.fail_completions = 1
     fake.delay = 0.05
     engine.submit("a", GenerationRequest([1], n=1, max_tokens=3))
@@ -94,16 +95,16 @@ def test_a_failed_request_comes_back_as_an_error_for_that_group_only(fake, engin
     assert len(errors) == 1 and "500" in str(got[errors[0]])
 
 
-def test_reload_from_path_pauses_reloads_labels_and_resumes(fake, engine, tmp_path):
-    engine.load_checkpoint(Checkpoint(5, tmp_path / "v000005"))
+def test_reload_from_path_pauses_reloads_labels_and_resumes(fake, engine, tmp_path, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(5, tiny_model_dir))
     assert fake.paths() == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
     rpc = next(b for _, p, _, b in fake.calls if p == "/collective_rpc")
-    assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "v000005")}}
+    assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model_dir)}}
     assert next(q for _, p, q, _ in fake.calls if p == "/pause") == {"mode": ["wait"]}
     assert engine.version == 5 and fake.weight_version == "5"
 
 
-def test_nccl_join_and_receive_use_vllms_weight_transfer_routes(fake, engine):
+def test_nccl_join_and_receive_use_vllms_weight_transfer_routes(fake, engine, tiny_model_dir):
     assert engine.nccl_gpus() == 2
     group = pb.NcclGroup(id=1, master_address="learner", master_port=29600, world_size=5, rank_offsets={"w/abc": 3}, packed=True, packed_buffer_size_bytes=1 << 30, packed_num_buffers=2)
     engine.join_nccl_group(group, 3)
@@ -117,8 +118,8 @@ def test_nccl_join_and_receive_use_vllms_weight_transfer_routes(fake, engine):
     assert engine.version == 7 and fake.weight_version == "7"
 
 
-def test_abort_sends_the_request_ids_of_running_groups(fake, engine, tmp_path):
-    engine.load_checkpoint(Checkpoint(0, tmp_path))
+def test_abort_sends_the_request_ids_of_running_groups(fake, engine, tmp_path, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(0, tiny_model_dir))
     fake.delay = 0.5
     engine.submit("slow", GenerationRequest([1], n=1, max_tokens=3))
     import time
@@ -126,4 +127,54 @@ def test_abort_sends_the_request_ids_of_running_groups(fake, engine, tmp_path):
     time.sleep(0.1)
     assert engine.abort() == ["slow"] and engine.in_flight() == []
     aborted = next(b for _, p, _, b in fake.calls if p == "/abort_requests")
-    assert len(aborted["request_ids"]) == 1 and aborted["request_ids"][0].startswith("magic-")
+    # vLLM runs request <id>'s prompt as cmpl-<id>-0, the id /abort_requests matches (the bare id aborts nothing)
+    assert len(aborted["request_ids"]) == 1 and re.fullmatch(r"cmpl-magic-[0-9a-f]{32}-0", aborted["request_ids"][0])
+
+
+def test_a_response_without_weight_versions_is_fenced_by_the_reload_sequence(fake, engine, tmp_path, tiny_model_dir):
+    """vLLM 0.32 ignores return_weight_versions: choices carry no spans, and the group is accepted on
+    the strength of pause -> reload -> update_weight_version -> resume (nothing in flight across it)."""
+    engine.load_checkpoint(Checkpoint(3, tiny_model_dir))
+    response = fake.completion({"n": 1, "prompt": [1], "return_token_ids": True})
+    for choice in response["choices"]:
+        choice.pop("weight_versions", None)
+    [sample] = parse_completion(response, 1, 3)
+    assert sample.token_ids == [5, 6, 2]
+    engine.submit("g", GenerationRequest([1], n=1, max_tokens=3))
+    with pytest.raises(RuntimeError, match="groups in flight"):
+        engine.load_checkpoint(Checkpoint(4, tiny_model_dir))
+
+
+def test_abort_never_sends_an_empty_list(fake, engine, tmp_path, tiny_model_dir):
+    """An empty request_ids aborts everything the server runs (vLLM's /abort_requests)."""
+    engine.load_checkpoint(Checkpoint(0, tiny_model_dir))
+    assert engine.abort(["unknown"]) == [] and engine.abort() == []
+    assert "/abort_requests" not in fake.paths()
+
+
+def test_a_500_from_a_server_whose_health_fails_is_the_servers_death_not_the_groups(fake, engine, tmp_path, tiny_model_dir):
+    """vLLM answers 500 to every request once its engine core died, and 503 to /health: the groups
+    are not failures of their own (they would be retried, then dead-lettered); the worker must end."""
+    engine.load_checkpoint(Checkpoint(0, tiny_model_dir))
+    fake.fail_completions = 1
+    fake.health = 503
+    engine.submit("a", GenerationRequest([1], n=1, max_tokens=3))
+    with pytest.raises(VllmServerDied, match="stopped answering GET /health"):
+        for _ in range(50):
+            engine.step()
+    assert engine.in_flight() == ["a"]
+    from magic.common.service import WorkerRestart
+
+    assert issubclass(VllmServerDied, WorkerRestart)  # the runtime re-attaches instead of failing the run
+
+
+def test_a_checkpoint_that_is_not_the_model_never_reaches_the_server(fake, engine, tmp_path, tiny_model_dir):
+    """vLLM 0.32's reload of an unreadable file kills its engine core: such a directory is refused first."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(WeightIntegrityError, match="not a readable safetensors file"):
+        engine.load_checkpoint(Checkpoint(1, bad))
+    with pytest.raises(WeightIntegrityError, match="no \\*.safetensors file"):
+        engine.load_checkpoint(Checkpoint(1, tmp_path))
+    assert "/collective_rpc" not in fake.paths() and engine.version == -1

@@ -33,6 +33,7 @@ class FakeVllm:
         self.script: list[tuple[list[int], list[float], str]] = [([5, 6, 2], [-0.5, -1.25, -0.01], "stop")]
         self.fail_completions = 0  # answer this many completion requests with HTTP 500
         self.delay = 0.0
+        self.health = 200  # what GET /health answers (vLLM answers 503 once its engine core is dead)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,7 +55,7 @@ class FakeVllm:
                 if url.path == "/version":
                     self._send(200, {"version": "0.33.0"})
                 elif url.path == "/health":
-                    self._send(200)
+                    self._send(fake.health)
                 elif url.path == "/server_info":
                     self._send(200, {"vllm_config": {"model_config": {"logprobs_mode": fake.logprobs_mode}}, "vllm_env": {}, "system_env": {}})
                 elif url.path == "/get_world_size":
