@@ -9,12 +9,17 @@ Three pieces:
   its own unacknowledged entries after a restart, and reclaims entries left pending by consumers
   whose heartbeat has expired. An entry that cannot be decoded, or that has been delivered
   `max_deliveries` times without an ack (it keeps killing its consumers), is moved to the run's
-  dead-letter stream together with the reason, and acknowledged.
-* `StepLedger` — per-step accounting for the learner: collects each step's groups exactly once
-  (duplicates from redelivery are recognised by group id) and says when a step is complete.
+  dead-letter stream together with the reason, and acknowledged. The dead-letter stream keeps the
+  newest `DEAD_LETTERS_MAX` letters; the work streams are trimmed by `magic.common.retention`.
 
 Consumers must be idempotent: a crash between publishing the output and acknowledging the input
-re-delivers the input. Downstream, the learner's ledger drops the duplicate group.
+re-delivers the input. Downstream, the learner's ledger (`magic.learner.ledger`) drops the
+duplicate group. Every consumer checks what it decoded (`decode(..., check=...)`): a message
+that parses but is not what the producer published is dead-lettered with the reason.
+
+Redis restarts and refusals: `RETRYABLE` names the errors after which the same call succeeds
+once Redis is back (connection lost, loading its AOF, refusing writes at `maxmemory`); the
+service runtime (`magic.common.service`) waits them out and re-attaches its worker.
 """
 
 from __future__ import annotations
@@ -22,20 +27,45 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 from google.protobuf.message import Message
 
 from magic.common import codec
+from magic.common.heartbeat import alive_workers
 from magic.common.metrics import DEAD_LETTERS
 from magic.common.pb import messages_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+DEAD_LETTERS_MAX = 1000
+"""Dead letters kept per run (the oldest are trimmed, approximately): a poison rollout group at the
+paper's shape is ~1.5 MB, so the dead-letter stream stays under ~1.5 GB even when every entry
+of several steps is poison. `magic_dead_letters` counts them all."""
+
 M = TypeVar("M", bound=Message)
-T = TypeVar("T")
+
+RETRYABLE: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,  # Redis restarting, network partition (includes timeouts' parent)
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,  # Redis is loading its AOF / RDB after a restart
+    redis.exceptions.OutOfMemoryError,  # "command not allowed when used memory > 'maxmemory'"
+    redis.exceptions.ReadOnlyError,  # a replica promoted / failover in progress
+)
+"""Redis errors a service waits out (reconnecting) instead of failing: the same call succeeds
+once Redis is back or has memory again."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for `RETRYABLE` errors, also when redis-py reports a refusal as a plain ResponseError."""
+    if isinstance(exc, RETRYABLE):
+        return True
+    return isinstance(exc, redis.ResponseError) and any(
+        s in str(exc) for s in ("OOM command not allowed", "LOADING", "MASTERDOWN", "READONLY")
+    )
 
 
 def _s(value: bytes | str) -> str:
@@ -51,6 +81,29 @@ class Entry:
     deliveries: int = 1
 
 
+_DEAD_ONCE = """
+if redis.call('sadd', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('xadd', KEYS[2], '*', unpack(ARGV, 2))
+return 1
+"""
+
+
+def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
+    return [x for kv in fields.items() for x in kv]
+
+
+def _letter(stream: str, entry: Entry, reason: str, consumer: str) -> pb.DeadLetter:
+    return pb.DeadLetter(
+        stream=stream,
+        entry_id=entry.id,
+        reason=reason[:2000],
+        deliveries=entry.deliveries,
+        consumer=consumer,
+        type=entry.fields.get(codec.TYPE_FIELD, b"").decode(errors="replace"),
+        payload=entry.fields.get(codec.PAYLOAD_FIELD, b""),
+    )
+
+
 class Stream:
     """One Redis stream, used as a log: append, read the newest entry, follow with XREAD."""
 
@@ -62,22 +115,45 @@ class Stream:
         """Append `msg`; returns the entry id. `maxlen` trims old entries approximately."""
         return _s(self.r.xadd(self.key, codec.encode(msg), maxlen=maxlen, approximate=True))
 
-    def last(self, cls: type[M]) -> tuple[str, M] | None:
-        """The newest entry decoded as `cls`, or None when the stream is empty."""
-        rows = self.r.xrevrange(self.key, count=1)
-        if not rows:
-            return None
-        entry_id, fields = rows[0]
-        return _s(entry_id), codec.decode(fields, cls)
+    def newest(self, cls: type[M], check: Callable[[M], str | None] | None = None, scan: int = 64) -> tuple[str, M] | None:
+        """The newest entry that decodes as `cls` and passes `check` (poison entries after it are
+        skipped), or None when there is none among the last `scan` entries."""
+        for entry_id, fields in self.r.xrevrange(self.key, count=scan):
+            try:
+                msg = codec.decode(fields, cls)
+            except codec.PoisonMessage:
+                continue
+            if check is None or check(msg) is None:
+                return _s(entry_id), msg
+        return None
 
-    def read_after(self, last_id: str, cls: type[M], block_ms: int | None = None, count: int = 100) -> list[tuple[str, M]]:
-        """Entries after `last_id` ("0" for all), waiting up to `block_ms` for the first one."""
+    def read_after(
+        self, last_id: str, cls: type[M], block_ms: int | None = None, count: int = 100, *, poison: Callable[[Entry, str], None] | None = None
+    ) -> list[tuple[str, M]]:
+        """Entries after `last_id` ("0" for all), waiting up to `block_ms` for the first one. An
+        entry that does not decode is skipped and handed to `poison(entry, reason)` (by default it
+        raises PoisonMessage: a plain log has nobody to dead-letter for)."""
         resp = self.r.xread({self.key: last_id}, count=count, block=block_ms)
         out = []
         for _key, rows in resp or []:
             for entry_id, fields in rows:
-                out.append((_s(entry_id), codec.decode(fields, cls)))
+                try:
+                    out.append((_s(entry_id), codec.decode(fields, cls)))
+                except codec.PoisonMessage as exc:
+                    if poison is None:
+                        raise
+                    poison(Entry(_s(entry_id), fields), f"poison message: {exc}")
         return out
+
+    def dead_letter_once(self, entry: Entry, reason: str, dead_stream: str, consumer: str) -> bool:
+        """Record a poison entry of this (fan-out) stream in `dead_stream` once, however many
+        followers find it; returns True if this call recorded it."""
+        letter = _letter(self.key, entry, reason, consumer)
+        first = self.r.eval(_DEAD_ONCE, 2, f"{dead_stream}:seen", dead_stream, f"{self.key}/{entry.id}", *_flat(codec.encode(letter)))
+        if first:
+            DEAD_LETTERS.labels(stream=self.key.rsplit(":", 1)[-1]).inc()
+            log.error("dead-lettered %s %s: %s", self.key, entry.id, reason)
+        return bool(first)
 
     def __len__(self) -> int:
         return int(self.r.xlen(self.key))
@@ -95,6 +171,7 @@ class ConsumerGroup:
         *,
         dead_stream: str,
         max_deliveries: int = 5,
+        dead_letters_max: int = DEAD_LETTERS_MAX,
     ):
         self.r = r
         self.stream = stream
@@ -102,7 +179,9 @@ class ConsumerGroup:
         self.consumer = consumer
         self.dead_stream = dead_stream
         self.max_deliveries = max_deliveries
+        self.dead_letters_max = dead_letters_max
         self._recovery_cursor: str | None = "0"  # re-read our own pending entries first
+        self._last_reclaim = float("-inf")
 
     def ensure(self) -> None:
         """Create the stream and the group if needed; the group starts at the stream's beginning."""
@@ -156,6 +235,15 @@ class ConsumerGroup:
             out.extend(self._screen(entries, known_deliveries=True))
         return out
 
+    def reclaim_if_due(self, service: str, every_seconds: float) -> list[Entry]:
+        """`reclaim` from the consumers of `service` whose heartbeat expired, at most once per
+        `every_seconds` (each worker calls it from its loop; half the heartbeat TTL is usual)."""
+        now = time.monotonic()
+        if now - self._last_reclaim < every_seconds:
+            return []
+        self._last_reclaim = now
+        return self.reclaim(alive_workers(self.r, service))
+
     def _screen(self, entries: list[Entry], known_deliveries: bool | None) -> list[Entry]:
         """Drop deleted entries and dead-letter those delivered too often."""
         if not entries:
@@ -183,79 +271,33 @@ class ConsumerGroup:
 
     def dead_letter(self, entry: Entry, reason: str) -> None:
         """Move `entry` to the dead-letter stream with `reason`, then acknowledge it."""
-        letter = pb.DeadLetter(
-            stream=self.stream,
-            entry_id=entry.id,
-            reason=reason[:2000],
-            deliveries=entry.deliveries,
-            consumer=self.consumer,
-            type=entry.fields.get(codec.TYPE_FIELD, b"").decode(errors="replace"),
-            payload=entry.fields.get(codec.PAYLOAD_FIELD, b""),
-        )
+        letter = _letter(self.stream, entry, reason, self.consumer)
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, codec.encode(letter))
+        pipe.xadd(self.dead_stream, codec.encode(letter), maxlen=self.dead_letters_max, approximate=True)
         pipe.xack(self.stream, self.group, entry.id)
         pipe.execute()
         DEAD_LETTERS.labels(stream=self.stream.rsplit(":", 1)[-1]).inc()
         log.error("dead-lettered %s %s: %s", self.stream, entry.id, reason)
 
-    def decode(self, entry: Entry, cls: type[M]) -> M | None:
-        """Decode `entry` as `cls`; a poison entry is dead-lettered and None returned."""
+    def decode(self, entry: Entry, cls: type[M], check: Callable[[M], str | None] | None = None) -> M | None:
+        """Decode `entry` as `cls` and `check` it (None: fine, else the reason it is refused); a
+        poison or refused entry is dead-lettered with the reason and None returned."""
         try:
-            return codec.decode(entry.fields, cls)
+            msg = codec.decode(entry.fields, cls)
         except codec.PoisonMessage as exc:
             self.dead_letter(entry, f"poison message: {exc}")
             return None
+        problem = check(msg) if check is not None else None
+        if problem is not None:
+            self.dead_letter(entry, f"refused {cls.DESCRIPTOR.name}: {problem}")
+            return None
+        return msg
 
     def pending_count(self) -> int:
         try:
             return int(self.r.xpending(self.stream, self.group)["pending"])
         except redis.ResponseError:
             return 0
-
-
-@dataclass
-class _StepItems(Generic[T]):
-    items: dict[str, T] = field(default_factory=dict)  # group id -> item, first copy wins
-    entry_ids: list[str] = field(default_factory=list)  # every entry seen, duplicates included
-
-
-class StepLedger(Generic[T]):
-    """Per-step accounting: each step's groups, each counted once, and whether the step is complete.
-
-    `add` returns False for a group id the step already has (a redelivered or regenerated copy);
-    the caller acknowledges such entries together with the step, so nothing is left pending.
-    """
-
-    def __init__(self) -> None:
-        self._steps: dict[int, _StepItems[T]] = {}
-        self.duplicates = 0
-
-    def add(self, step: int, group_id: str, entry_id: str, item: T) -> bool:
-        s = self._steps.setdefault(step, _StepItems())
-        s.entry_ids.append(entry_id)
-        if group_id in s.items:
-            self.duplicates += 1
-            return False
-        s.items[group_id] = item
-        return True
-
-    def count(self, step: int) -> int:
-        s = self._steps.get(step)
-        return len(s.items) if s else 0
-
-    def is_complete(self, step: int, expected: int) -> bool:
-        return self.count(step) >= expected
-
-    def steps(self) -> list[int]:
-        return sorted(self._steps)
-
-    def pop(self, step: int) -> tuple[list[T], list[str]]:
-        """Remove the step: its items in group-id order and every entry id to acknowledge."""
-        s = self._steps.pop(step, None)
-        if s is None:
-            return [], []
-        return [s.items[k] for k in sorted(s.items)], s.entry_ids
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):

@@ -29,6 +29,7 @@ beta           ``kl_coef``              weight of the k3 KL to the reference pol
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import socket
 from enum import Enum
@@ -46,6 +47,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 def _default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ClientSettings(BaseSettings):
+    """How the `magic` CLI (and any `ControllerClient`) reaches the controller; flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="MAGIC_", extra="ignore")
+
+    controller_url: str = "http://127.0.0.1:8080"
+    """Base URL of the controller's REST API (env MAGIC_CONTROLLER_URL)."""
+    api_token: SecretStr | None = None
+    """Bearer token sent with every request (env MAGIC_API_TOKEN); unset: none is sent."""
 
 
 class ServiceSettings(BaseSettings):
@@ -71,6 +83,25 @@ class ServiceSettings(BaseSettings):
     """A worker whose heartbeat is older than this is considered dead; its pending messages are reclaimed."""
     max_deliveries: int = Field(default=5, ge=1)
     """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream."""
+    fault_points: str = ""
+    """Testing only: `point[@step],...` — the process kills itself (SIGKILL) on reaching one of
+    these named commit points of a step (`magic.common.faults`); empty in production."""
+
+
+    @field_validator("fault_points")
+    @classmethod
+    def _known_fault_points(cls, v: str) -> str:
+        from magic.common import faults
+
+        faults.parse(v)
+        return v
+
+    @property
+    def armed_faults(self) -> dict[str, int | None]:
+        """`fault_points` parsed (see magic.common.faults)."""
+        from magic.common import faults
+
+        return faults.parse(self.fault_points)
 
 
 class ControllerSettings(ServiceSettings):
@@ -81,6 +112,10 @@ class ControllerSettings(ServiceSettings):
     api_token: SecretStr | None = Field(default=None, min_length=16)
     """Bearer token every mutating endpoint requires (env MAGIC_API_TOKEN; the Helm chart sets it
     from a Secret). Unset disables authentication, with a warning in the log: development only."""
+    read_requires_token: bool = False
+    """Also require the token on every GET of the API (/v1/...): runs, datasets, metrics show
+    model and dataset paths. The probes (/livez, /readyz) and /metrics stay open. Off by default
+    for local use; the Helm chart turns it on (env MAGIC_READ_REQUIRES_TOKEN)."""
     lease_seconds: float = Field(default=10.0, gt=0, le=600)
     """A run is driven by one controller at a time, which renews a lease in Redis; a controller
     that died (even SIGKILLed) is replaced once its lease expires after this long."""
@@ -91,6 +126,13 @@ class ControllerSettings(ServiceSettings):
     """How long a step may wait for workers (weights acks, a learner) before the run fails."""
     step_timeout_seconds: float = Field(default=3600.0, gt=0)
     """Upper bound on one on-policy step (rollout + reward + train); the run fails past it."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    """Largest request body the REST API reads (413 beyond it), checked before parsing or
+    authentication; datasets are registered by path, so bodies stay small."""
+    trim_streams: bool = True
+    """Trim each run stream to what its consumers still need (magic.common.retention). false keeps
+    every entry for auditing: Redis then grows by a step's rollouts every step (≈ 0.5 GB at the
+    paper's shape) until it refuses writes."""
 
 
 class FilesystemTransportConfig(BaseModel):
@@ -177,6 +219,19 @@ class RolloutSettings(ServiceSettings):
     """`model` field of completion requests (the server's --served-model-name); unset: the server's default."""
     vllm_request_timeout_seconds: float = Field(default=3600.0, gt=0)
     """Bound on one completion request to the vLLM server."""
+    vllm_launch: bool = False
+    """Start the vLLM server as a child process of this service and supervise it (local runs,
+    `magic local --engine vllm`); off on Kubernetes, where the chart runs it as a sidecar at `vllm_url`."""
+    vllm_python: Path | None = None
+    """Interpreter of the vLLM virtualenv for `vllm_launch`; unset: `<repo>/.venv-vllm/bin/python` (`make vllm-venv`)."""
+    vllm_max_model_len: int | None = Field(default=None, ge=16)
+    """`--max-model-len` of a launched server (prompt + response tokens); unset: the model's own."""
+    vllm_kv_cache_gib: int = Field(default=1, ge=1)
+    """KV cache of a launched server on CPU, GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+    vllm_start_timeout_seconds: float = Field(default=600.0, gt=0)
+    """How long a launched server may take to answer /health."""
+    vllm_extra_args: list[str] = Field(default_factory=list)
+    """More command-line arguments for a launched server (JSON list in the environment)."""
     straggler_seconds: float = Field(default=120.0, gt=0)
     """A prompt group still pending at another live worker after this long may be taken over by an
     idle worker and generated again at the same policy version (first copy wins downstream)."""
@@ -184,75 +239,11 @@ class RolloutSettings(ServiceSettings):
     """How new weights reach this worker; must match the learner's."""
 
 
-def _cpu_count() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-
-
-class MathRewardSettings(BaseModel):
-    """The math verifier (`magic.reward.math_verifier`). Env: ``MAGIC_MATH__<FIELD>``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    verifier: str = "magic"
-    """Registered verifier: "magic" (default) or "skywork-or1" (the paper's plain procedure)."""
-    timeout_seconds: float = Field(default=5.0, gt=0, le=600)
-    """Hard wall-clock bound on verifying one response; past it the worker process is killed
-    and the verdict is `timeout` (reward 0)."""
-    workers: int = Field(default_factory=_cpu_count, ge=1, le=256)
-    """Verifier processes: how many responses are verified at once."""
-    memory_mb: int = Field(default=2048, ge=256)
-    """Address-space limit of each verifier process (a huge number cannot exhaust the pod)."""
-
-
-class SandboxSettings(BaseModel):
-    """The code sandbox (`magic.reward.sandbox`). Env: ``MAGIC_SANDBOX__<FIELD>``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    slots: int = Field(default_factory=_cpu_count, ge=1, le=256)
-    """Programs run at once; each slot has its own uid, working directory and helper process."""
-    isolation: Literal["auto", "uid", "session"] = "auto"
-    """"uid" runs each slot's programs as a dedicated unprivileged user (needs root or
-    CAP_SETUID/CAP_SETGID); "session" only puts them in their own session (weaker: see the
-    README); "auto" picks "uid" when the service runs as root."""
-    uid_base: int = Field(default=61000, ge=1000, le=2**31 - 2)
-    """First uid (and gid) of the range the slots' users come from; no other process may use it."""
-    uid_count: int = Field(default=256, ge=1, le=65536)
-    """Size of that range; slots of several reward processes on one host share it through lock files."""
-    root: Path = Path("/tmp/magic-sandbox")
-    """Directory for lock files and per-slot working directories (created root-owned, mode 0711)."""
-    namespaces: bool = True
-    """When running as root: give each slot its own network (nothing reachable), mount (private
-    /tmp, hidden secrets) and IPC namespace."""
-    hidden_paths: list[str] = Field(default_factory=lambda: ["/var/run/secrets", "/run/secrets", "/root", "/home"])
-    """Directories replaced by an empty read-only tmpfs inside the sandbox (mount namespace only)."""
-    private_tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"])
-    """World-writable directories replaced by the slot's private scratch space (mount namespace only)."""
-    test_timeout_seconds: float = Field(default=6.0, gt=0, le=600)
-    """Wall-clock limit of one test (LiveCodeBench and Skywork-OR1 use 6 s); a test's own
-    `time_limit_seconds` in the ground truth overrides it."""
-    total_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
-    """Wall-clock limit of all tests of one response together."""
-    memory_mb: int = Field(default=1024, ge=64)
-    """Address-space limit of each process of the program (RLIMIT_AS)."""
-    total_memory_mb: int = Field(default=2048, ge=64)
-    """Resident memory of all the program's processes together; the test is killed past it
-    (checked every 50 ms)."""
-    processes: int = Field(default=32, ge=1, le=4096)
-    """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
-    file_mb: int = Field(default=64, ge=1)
-    """Largest file the program may write (RLIMIT_FSIZE)."""
-    disk_mb: int = Field(default=128, ge=1)
-    """Size of the slot's private scratch space (a tmpfs; mount namespace only)."""
-    open_files: int = Field(default=256, ge=16, le=65536)
-    """Open file descriptors per process (RLIMIT_NOFILE)."""
-    max_output_mb: float = Field(default=8.0, gt=0, le=1024)
-    """Output (stdout, or reported values) kept per test; a test that writes more fails."""
-
-
 class PenaltySettings(BaseModel):
     """Optional reward penalties (`magic.reward.penalties`), each reported separately from
-    correctness. Env: ``MAGIC_PENALTIES__<FIELD>``. All are off by default, as in Skywork-OR1."""
+    correctness. Env: ``MAGIC_PENALTIES__<FIELD>`` (the reward service's default), or per stage
+    (`StageConfig.penalties`, carried on every prompt group). All are off by default, as in
+    Skywork-OR1."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -265,29 +256,13 @@ class PenaltySettings(BaseModel):
     cost up to `overlong_max`, linearly; 0 disables it."""
     overlong_max: float = Field(default=1.0, ge=0, le=10)
     """Penalty of a response that reaches T (and of a truncated one)."""
-
-
-class RewardSettings(ServiceSettings):
-    """The reward service. Nested groups are set with a double underscore:
-    ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_SANDBOX__MEMORY_MB=2048``."""
-
-    model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
-
-    math: MathRewardSettings = Field(default_factory=MathRewardSettings)
-    """The math verifier."""
-    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
-    """The code sandbox."""
-    penalties: PenaltySettings = Field(default_factory=PenaltySettings)
-    """Optional penalties."""
-    code_data_sources: list[str] = Field(
-        default_factory=lambda: ["code", "code/*", "*livecodebench*", "*humaneval*", "*mbpp*", "*taco*", "*apps*", "*codecontests*", "*leetcode*", "*code-*", "*-code*"]
-    )
-    """`data_source` patterns (fnmatch, case-insensitive) judged by the code sandbox; every other
-    data source is judged as a math answer."""
-    max_request_samples: int = Field(default=1024, ge=1)
-    """Most samples one POST /v1/score request may carry."""
-    read_groups: int = Field(default=8, ge=1, le=1024)
-    """Rollout groups taken from the stream at once; their samples are scored concurrently."""
+    repetition_flat: bool = False
+    """Flat repetition penalty (the RLOO + entropy bonus + penalties recipe): a response whose
+    repeated-n-gram fraction reaches `repetition_threshold` gets exactly -repetition_max, any
+    other 0; False grades it: -repetition_max * (repeated fraction)."""
+    repetition_threshold: float = Field(default=0.5, gt=0, le=1)
+    """Repeated-n-gram fraction (1 - distinct / total word n-grams) at which a response counts as
+    repetitive for the flat penalty."""
 
 
 class LearnerSettings(ServiceSettings):
@@ -306,13 +281,35 @@ class LearnerSettings(ServiceSettings):
     """ZeRO stage of the deepspeed backend (1: optimizer state, 2: + gradients, 3: + parameters partitioned)."""
     logprob_chunk_size: int = Field(default=1024, ge=1)
     """Positions whose vocabulary logits are materialised at once when computing log-probs and entropy."""
-    checkpoint_every: int = Field(default=1, ge=0)
-    """Write a checkpoint (HF weights, optimizer, entropy-controller state) every this many steps;
-    0 disables checkpoints (a restarted learner then resumes from the published weights with a fresh optimizer)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Training precision. "fp32": weights, activations and optimizer in float32. "bf16": the
+    model computes in bfloat16 (weights, activations, gradients) while the optimizer updates
+    float32 master weights (and Adam moments); log-probs, entropy, the loss and every
+    accumulated figure are computed in float32 from the bfloat16 logits."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (Hugging Face gradient checkpointing, non-reentrant): activation memory of one layer instead
+    of all, for about one more forward pass of compute."""
+    publish_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of the weights handed to the weight transport (the rollout engine's model dtype:
+    bfloat16 for vLLM). "auto": bfloat16 with precision "bf16", float32 with "fp32". The
+    checkpoints always keep the float32 master weights."""
+    checkpoint_every: int = Field(default=20, ge=0)
+    """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) every
+    this many steps; 0 disables them. The weights themselves reach the volume every step through
+    the weight transport; a learner restarted between checkpoints resumes from those published
+    weights with a fresh optimizer. At 7B a checkpoint is ≈ 85 GB (fp32 weights + AdamW moments),
+    so every step would write more than the whole step's rollouts (README, "At scale")."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk; older ones are deleted."""
     dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
+    rank: int = Field(default=0, ge=0, validation_alias="RANK")
+    """This process's rank among the learner processes (env RANK, set by the launcher: deepspeed, torchrun)."""
+    world_size: int = Field(default=1, ge=1, validation_alias="WORLD_SIZE")
+    """Learner processes in all (env WORLD_SIZE, set by the launcher)."""
+    local_rank: int = Field(default=0, ge=0, validation_alias="LOCAL_RANK")
+    """This process's rank on its node: its GPU index (env LOCAL_RANK, set by the launcher)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,7 +347,7 @@ class EntropyControl(BaseModel):
     """Adaptive entropy control (§3.2.5): alpha_k = c_k * 1{e_k <= tgt_ent},
     c_{k+1} = c_k + Delta if e_k < tgt_ent, c_k - Delta if e_k > tgt_ent, c_0 = 0, c kept in bounds."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     adaptive: bool = True
     """Adapt the coefficient as above; False uses `coef` as a constant entropy-bonus coefficient."""
@@ -377,7 +374,7 @@ class PlateauRule(BaseModel):
     steps, the mean of `metric` over the last `window` steps is compared with the mean over the
     `window` steps before them; the stage ends when it rose by less than `min_delta`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
     metric: Literal["accuracy_all", "accuracy_nontruncated", "reward_mean"] = "accuracy_all"
     """Step record figure watched (rollout accuracy by default)."""
@@ -392,7 +389,7 @@ class PlateauRule(BaseModel):
 class StageConfig(BaseModel):
     """One training stage: a context length T and the batch settings used until its end condition."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     name: str = Field(default="stage", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Label shown in status and metrics (letters, digits, `_`, `.`, `-`)."""
@@ -405,7 +402,7 @@ class StageConfig(BaseModel):
     previous stage (online filtering, §6); no effect on the first stage."""
     context_length: int = Field(ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
     """T: max response tokens; responses longer than T are truncated (finish reason `length`)."""
-    rollout_batch_size: int = Field(ge=1, validation_alias=_alias("rollout_batch_size", "D_R"))
+    rollout_batch_size: int = Field(ge=1, le=65_536, validation_alias=_alias("rollout_batch_size", "D_R"))
     """D_R: prompts rolled out per on-policy step."""
     group_size: int = Field(ge=2, le=1024, validation_alias=_alias("group_size", "gs"))
     """gs: samples per prompt; GRPO normalises rewards within each group."""
@@ -423,7 +420,7 @@ class StageConfig(BaseModel):
     """How rewards become advantages."""
     advantage_mask: AdvantageMask = AdvantageMask.none
     """Advantage mask for truncated responses (§3.2.3)."""
-    train_batch_size: int | None = Field(default=None, ge=1, validation_alias=_alias("train_batch_size", "D_T"))
+    train_batch_size: int | None = Field(default=None, ge=1, le=65_536, validation_alias=_alias("train_batch_size", "D_T"))
     """D_T: prompts per SGD mini-batch; None means D_R (one SGD step per rollout batch)."""
     reuse: int = Field(default=1, ge=1, le=64, validation_alias=_alias("reuse", "N_reuse"))
     """N_reuse: passes over each rollout batch; N_SGD = D_R / D_T * N_reuse (eq. 4.1)."""
@@ -432,7 +429,21 @@ class StageConfig(BaseModel):
     entropy: EntropyControl = Field(default_factory=EntropyControl)
     """Entropy bonus alpha_k * H (§3.2.5)."""
     kl_coef: float = Field(default=0.0, ge=0, validation_alias=_alias("kl_coef", "beta"))
-    """beta: weight of the k3 KL to the reference (initial) policy (§3.2.6); 0 in the recipe."""
+    """beta: weight of the k3 KL to the reference policy (§3.2.6); 0 in the recipe."""
+    kl_reference: Literal["initial", "ema"] = "initial"
+    """The reference policy of the KL term (beta > 0): "initial", the run's initial model; "ema",
+    an exponential moving average of the policy, pi_ref <- d * pi_ref + (1 - d) * pi_theta after
+    every on-policy step (d = `kl_ema_decay`), starting from the initial model."""
+    kl_ema_decay: float = Field(default=0.99, ge=0, lt=1)
+    """d: decay of the EMA reference policy per on-policy step (kl_reference "ema")."""
+    minibatch_rule: Literal["count", "size"] = "count"
+    """How the groups kept after rejection become SGD mini-batches. "count": always D_R / D_T
+    mini-batches per pass (whole groups split as evenly as possible; by samples when fewer
+    groups than mini-batches are left), so N_SGD = D_R / D_T * N_reuse exactly (eq. 4.1).
+    "size": mini-batches of D_T prompts, so rejection lowers N_SGD (the last one may be smaller)."""
+    penalties: PenaltySettings | None = None
+    """Reward penalties of this stage, carried on each prompt group to the reward service; None
+    leaves the reward service's own settings (MAGIC_PENALTIES__*)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -485,9 +496,9 @@ class StageConfig(BaseModel):
 class OptimConfig(BaseModel):
     """AdamW settings shared by every stage (the learning rate is per stage)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     """Adam's beta1, beta2."""
     eps: float = Field(default=1e-8, gt=0)
     """Adam's epsilon."""
@@ -500,6 +511,21 @@ class OptimConfig(BaseModel):
 RunName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 
 
+PlanEnd = Literal["finish", "wait"]
+"""What a run does when its last stage ends: "finish", or "wait" for the next stage."""
+
+
+def duplicate_stage_name(names: list[str], taken: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """The first of `names` that repeats an earlier one or is in `taken` (a run's stage names are
+    unique: they label metrics and stage records); None if all are new."""
+    seen = set(taken)
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 DatasetName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
 
 
@@ -507,7 +533,7 @@ class DatasetSpec(BaseModel):
     """A training dataset to register: a JSONL or Parquet file of verl / Skywork-OR1 records
     (`prompt`, `data_source`, `reward_model.ground_truth`, `extra_info`) on a path the controller reads."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: DatasetName
     """Dataset id: lowercase letters, digits, `_`, `.`, `-`."""
@@ -521,10 +547,13 @@ class EstimationConfig(BaseModel):
     """Offline difficulty estimation (§6): sample each prompt N times with the current policy
     and drop the prompts solved 0/N or N/N times from the next stages."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     samples: int = Field(default=16, ge=2, le=1024, validation_alias=_alias("samples", "N"))
-    """N: samples per prompt."""
+    """N: samples per prompt (of every data source `samples_by_source` does not name)."""
+    samples_by_source: dict[str, Annotated[int, Field(ge=2, le=1024)]] = Field(default_factory=dict, max_length=64)
+    """N per data source: `data_source` pattern (fnmatch, case-insensitive) -> N, first match
+    wins, e.g. {"*code*": 8} with samples 16 (the paper: 16 samples for math, 8 for code)."""
     context_length: int = Field(ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
     """T: max response tokens of the estimation samples."""
     temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
@@ -534,11 +563,20 @@ class EstimationConfig(BaseModel):
     groups_per_batch: int = Field(default=64, ge=1, le=100_000)
     """Prompt groups published at once (bounds the prompts stream)."""
 
+    def samples_for(self, data_source: str) -> int:
+        """N for a prompt of `data_source`.
+
+        >>> EstimationConfig(T=8, N=16, samples_by_source={"*code*": 8}).samples_for("LiveCodeBench")
+        8
+        """
+        ds = data_source.lower()
+        return next((n for p, n in self.samples_by_source.items() if fnmatch.fnmatchcase(ds, p.lower())), self.samples)
+
 
 class RunSpec(BaseModel):
     """A training run: the initial model, the training prompts and the stage plan."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     name: RunName
     """Run id: lowercase letters, digits and dashes (it appears in Redis keys and paths)."""
@@ -549,7 +587,7 @@ class RunSpec(BaseModel):
     are registered on the fly under their file stem. Also accepted as `train_files`."""
     stages: list[StageConfig] = Field(default_factory=list, max_length=1000)
     """The stage plan, run in order; more stages can be appended while the run goes."""
-    on_plan_end: Literal["finish", "wait"] | None = None
+    on_plan_end: PlanEnd | None = None
     """What the run does when its last stage ends: "finish", or "wait" for the next stage
     (POST /v1/runs/{run}/stages). Default: "finish" when stages are given, else "wait"."""
     estimation: EstimationConfig | None = None
@@ -561,8 +599,8 @@ class RunSpec(BaseModel):
     @model_validator(mode="after")
     def _unique_stage_names(self) -> "RunSpec":
         names = [s.name for s in self.stages]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stage names must be unique within a run, got {names}")
+        if (dup := duplicate_stage_name(names)) is not None:
+            raise ValueError(f"stage names must be unique within a run: {dup!r} is given twice in {names}")
         if self.on_plan_end is None:
             self.on_plan_end = "finish" if self.stages else "wait"
         return self

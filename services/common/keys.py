@@ -16,6 +16,17 @@ RUN_INDEX = "magic:runs"
 DATASETS = "magic:datasets"
 """Hash: registered dataset name -> its DatasetInfo as JSON (path, format, summary)."""
 
+# Consumer groups, by the service that consumes the stream (retention trims a stream only up to
+# what the groups that need it have acknowledged; see magic.common.retention).
+ROLLOUT_GROUP = "rollout"
+"""Rollout workers' group on `prompts`."""
+REWARD_GROUP = "reward"
+"""Reward workers' group on `rollouts`."""
+LEARNER_GROUP = "learner"
+"""The learner's group on `scored`."""
+CONTROLLER_GROUP = "controller"
+"""The controller's group on `events` and `estimates` (its online-filter group on `scored` is a setting)."""
+
 
 def heartbeat(service: str, worker: str) -> str:
     """String with a TTL, refreshed by a live worker; its value is a JSON status blob."""
@@ -83,6 +94,11 @@ class RunKeys:
         `stage_config` (the StageConfig JSON the learner trains the step with)."""
         return f"{self._p}:step:{step}"
 
+    def groups(self, scope: int | str) -> str:
+        """Hash: group id -> SHA-256 of the PromptGroup the controller published, per step k
+        (or "estimation"): consumers accept only these groups (`magic.common.steps`)."""
+        return f"{self._p}:groups:{scope}"
+
     @property
     def lease(self) -> str:
         """String with a TTL: id of the controller process driving the run (never two at once)."""
@@ -131,7 +147,8 @@ class RunKeys:
 
     @property
     def learner_state(self) -> str:
-        """Hash: the learner's progress (last trained step)."""
+        """Hash: the learner's committed progress: `last_step`, `entropy_coef`, and `prepared` (a
+        serialized StepCompleted between preparing and committing a step; `magic.common.steps`)."""
         return f"{self._p}:learner"
 
     def all_keys_pattern(self) -> str:

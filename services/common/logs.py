@@ -3,17 +3,48 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from pathlib import Path
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<password>[^@/\s]+)@")
+
+
+def redact_url(text: str) -> str:
+    """`text` with the password of every `scheme://user:password@host` URL replaced by `***`
+    (a Redis URL carries its password: MAGIC_REDIS_URL).
+
+    >>> redact_url("redis://:s3cret@redis:6379/0 and rediss://app:pw@h:1")
+    'redis://:***@redis:6379/0 and rediss://app:***@h:1'
+    """
+    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A Formatter whose every line — message, arguments and traceback — has URL passwords redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_url(super().format(record))
 
 
 def setup_logging(service: str, worker: str, level: str = "INFO") -> None:
-    """Configure the root logger to write `time level service[worker] logger: message` to stderr."""
+    """Configure the root logger to write `time level service[worker] logger: message` to stderr,
+    with the password of any URL in it redacted."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(f"%(asctime)s %(levelname)s {service}[{worker}] %(name)s: %(message)s", datefmt="%H:%M:%S")
+        RedactingFormatter(f"%(asctime)s %(levelname)s {service}[{worker}] %(name)s: %(message)s", datefmt="%H:%M:%S")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of the log file at `path` ("" if it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

@@ -21,6 +21,17 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def render_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """A prompt's token ids: the chat `messages` rendered with the tokenizer's chat template and
+    the generation prompt (the assistant turn's opening). The one renderer of the platform: the
+    rollout engines, the controller's length checks and the demo's warm start all use it, so
+    they count the same tokens. A tokenizer without a chat template is refused (ValueError)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template; MAGIC renders prompts as chat messages (use an instruct/chat model, or add a template)")
+    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A causal LM from a Hugging Face directory, in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -56,6 +67,14 @@ def export_state_dict(model) -> dict[str, torch.Tensor]:
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     return state
+
+
+def cast_state_dict(state: dict[str, torch.Tensor] | None, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """Floating-point tensors of `state` in `dtype` (what a rollout engine of that dtype loads);
+    integer tensors unchanged. None (ranks > 0) stays None."""
+    if state is None:
+        return None
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def load_state_dict(model, state: dict[str, torch.Tensor]) -> None:

@@ -15,7 +15,8 @@
     GET    /livez, /readyz, /metrics     probes and Prometheus
 
 Every POST/DELETE needs `Authorization: Bearer $MAGIC_API_TOKEN` when the controller has a
-token (401 with WWW-Authenticate otherwise); GETs are open. Malformed JSON is a 400, a body that
+token (401 with WWW-Authenticate otherwise); GETs too with MAGIC_READ_REQUIRES_TOKEN=true (the
+Helm chart's default). The probes and /metrics stay open. Malformed JSON is a 400, a body that
 breaks the schema a 422 naming the field.
 
     magic serve controller      # or: python -m magic.controller
@@ -23,7 +24,9 @@ breaks the schema a 422 naming the field.
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
 from contextlib import asynccontextmanager
 
 import redis
@@ -31,11 +34,14 @@ from fastapi import FastAPI, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from magic.common import refusals
 from magic.common.config import ControllerSettings
+from magic.common.metrics import registry_of
 from magic.controller.api import datasets, runs, stages, status as status_routes
 from magic.controller.api.deps import Controller, ControllerDep
+from magic.controller.api.guard import RequestGuard
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +53,9 @@ def create_app(settings: ControllerSettings | None = None, r: redis.Redis | None
     async def lifespan(app: FastAPI):
         if settings.api_token is None:
             log.warning("MAGIC_API_TOKEN is not set: the controller's API accepts every request WITHOUT authentication (development only)")
-        conn = r or redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        elif not settings.read_requires_token:
+            log.info("GET routes are open (MAGIC_READ_REQUIRES_TOKEN=false): anyone who reaches the API sees run specs and dataset paths")
+        conn = r or refusals.client(settings.redis_url, health_check_interval=30)
         controller = Controller(settings, conn)
         app.state.controller = controller
         controller.resume_active()
@@ -62,13 +70,14 @@ def create_app(settings: ControllerSettings | None = None, r: redis.Redis | None
     )
     for router in (datasets.router, runs.router, stages.router, status_routes.router):
         app.include_router(router)
+    app.add_middleware(RequestGuard, token=settings.api_token, max_body_bytes=settings.max_body_bytes, read_requires_token=settings.read_requires_token)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return JSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": "the request body is not valid JSON"}]}, status.HTTP_400_BAD_REQUEST)
-        return JSONResponse({"detail": jsonable_encoder(errors, custom_encoder={Exception: str})}, 422)
+        return JSONResponse({"detail": [_echo_safe(e) for e in errors]}, 422)
 
     @app.exception_handler(redis.RedisError)
     async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
@@ -89,9 +98,26 @@ def create_app(settings: ControllerSettings | None = None, r: redis.Redis | None
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry_of("controller")), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _echo_safe(error: dict) -> dict:
+    """A validation error as JSON, its `input` cut to a short repr (never the whole body back,
+    never a NaN that JSON cannot carry)."""
+    out = {k: v for k, v in error.items() if k not in ("input", "ctx", "url")}
+    if "input" in error:
+        try:
+            value = jsonable_encoder(error["input"])
+            small = len(json.dumps(value, allow_nan=False)) <= 200
+        except (TypeError, ValueError):
+            small = False
+        text = repr(error["input"])
+        out["input"] = value if small else text[:200] + ("…" if len(text) > 200 else "")
+    if "ctx" in error:
+        out["ctx"] = {k: str(v)[:200] for k, v in error["ctx"].items()}
+    return jsonable_encoder(out)
 
 
 def run(settings: ControllerSettings | None = None) -> int:
@@ -101,6 +127,11 @@ def run(settings: ControllerSettings | None = None) -> int:
 
     settings = settings or ControllerSettings()
     setup_logging("controller", settings.worker_name, settings.log_level)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT and then re-raises the signal with the
+    # handlers it found installed: with Python's defaults the process would die with 143 after a
+    # clean shutdown. A no-op handler makes a requested stop exit 0, as it should.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False)
     return 0
 

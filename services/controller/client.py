@@ -7,12 +7,11 @@ or which field of a request is invalid and why.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+from magic.common.config import ClientSettings
 
 
 class ClientError(RuntimeError):
@@ -39,8 +38,11 @@ def format_detail(detail: Any) -> str:
 
 class ControllerClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0):
-        self.url = (url or os.environ.get("MAGIC_CONTROLLER_URL") or DEFAULT_URL).rstrip("/")
-        token = token if token is not None else os.environ.get("MAGIC_API_TOKEN")
+        """`url` and `token` default to `ClientSettings` (MAGIC_CONTROLLER_URL, MAGIC_API_TOKEN)."""
+        settings = ClientSettings()
+        self.url = (url or settings.controller_url).rstrip("/")
+        if token is None and settings.api_token is not None:
+            token = settings.api_token.get_secret_value()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.has_token = bool(token)
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
@@ -124,8 +126,10 @@ class ControllerClient:
     def start_stage(self, run: str, stage: dict) -> dict:
         return self.post(f"/v1/runs/{run}/stages", stage)
 
-    def submit_plan(self, run: str, stages: list[dict], on_plan_end: str = "finish") -> dict:
-        return self.post(f"/v1/runs/{run}/plan", {"stages": stages, "on_plan_end": on_plan_end})
+    def submit_plan(self, run: str, stages: list[dict], on_plan_end: str | None = None) -> dict:
+        """Append `stages`; `on_plan_end` None leaves the API's default."""
+        body = {"stages": stages} if on_plan_end is None else {"stages": stages, "on_plan_end": on_plan_end}
+        return self.post(f"/v1/runs/{run}/plan", body)
 
     def action(self, run: str, what: str) -> dict:
         return self.post(f"/v1/runs/{run}/{what}")

@@ -78,22 +78,38 @@ def _format_of(path: Path, fmt: str) -> str:
     raise DatasetError(f"{path}: cannot tell the format from the extension {suffix!r}; set format to 'jsonl' or 'parquet'")
 
 
+MAX_LINE_CHARS = 16 * 1024 * 1024
+"""A JSONL record longer than this is refused (a prompt with its ground truth is far smaller)."""
+
+
 def load_records(path: str | Path, prefix: str | None = None, fmt: str = "auto") -> list[PromptRecord]:
     """Every record of a JSONL or Parquet file; raise DatasetError naming the first bad one.
     Record uids are "<prefix>:<line or row number, from 1>" (prefix: the file stem by default)."""
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
+    try:
+        if not path.is_file():
+            raise DatasetError(f"{path}: no such file")
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a directory we may not enter
+        raise DatasetError(f"{str(path)[:200]!r}: not a readable path ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})") from None
     prefix = prefix or path.stem
     fmt = _format_of(path, fmt)
+    try:
+        return _read_records(path, prefix, fmt)
+    except OSError as exc:  # unreadable after all: permissions, a FIFO, an I/O error
+        raise DatasetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _read_records(path: Path, prefix: str, fmt: str) -> list[PromptRecord]:
     records = []
     if fmt == "jsonl":
         with path.open(encoding="utf-8", errors="strict") as f:
             try:
-                for lineno, line in enumerate(f, 1):
+                for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), 1):
+                    uid = f"{prefix}:{lineno}"
+                    if len(line) > MAX_LINE_CHARS:  # never hold a huge line (a sparse file is one line of NULs)
+                        raise DatasetError(f"{uid}: line longer than {MAX_LINE_CHARS} characters")
                     if not line.strip():
                         continue
-                    uid = f"{prefix}:{lineno}"
                     try:
                         obj = json.loads(line)
                     except json.JSONDecodeError as exc:

@@ -39,18 +39,20 @@ from dataclasses import dataclass
 
 import redis
 
-from magic.common import codec, keys, metrics as m
-from magic.common.bus import ConsumerGroup
+from magic.common import codec, faults, keys, metrics as m
+from magic.common.bus import ConsumerGroup, is_retryable
 from magic.common.config import ControllerSettings, RunSpec, StageConfig
 from magic.common.heartbeat import alive_workers
 from magic.common.pb import messages_pb2 as pb
+from magic.common.retention import Retention
+from magic.common.steps import ESTIMATION, StepStore, event_problem
 from magic.controller.datasets import DatasetError, DatasetRegistry, PromptRecord, PromptSource
 from magic.controller.store import Phase, RunStatus, RunStore, finite
 from magic.controller.stream_metrics import StreamSampler
 
 log = logging.getLogger(__name__)
 
-GROUP = "controller"
+GROUP = keys.CONTROLLER_GROUP
 CONSUMER = "controller"  # one controller per deployment: a restarted one re-reads what its predecessor left pending
 
 
@@ -130,9 +132,12 @@ class StepDriver(threading.Thread):
         self.settings = settings
         self.store = store
         self.keys = keys.RunKeys(run_id)
+        self.steps = StepStore(r, run_id)
+        self.armed = settings.armed_faults
         self.shutdown = threading.Event()
         self.wake = threading.Event()  # set by the API after a request, to react at once
         self.stream_sampler = StreamSampler(r, run_id)
+        self.retention = Retention(r, run_id, settings.filter_group, enabled=settings.trim_streams)
         self._stage: CurrentStage | None = None
         self.instance = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
         self._lease_ms = int(settings.lease_seconds * 1000)
@@ -143,8 +148,10 @@ class StepDriver(threading.Thread):
     def run(self) -> None:
         try:
             if self._acquire_lease():
+                self.retention.start()  # trims acknowledged entries while the run is driven
                 self._run()
         finally:
+            self.retention.stop()
             try:
                 self.r.eval(_RELEASE, 1, self.keys.lease, self.instance)
             except redis.RedisError:
@@ -164,7 +171,9 @@ class StepDriver(threading.Thread):
                     holder = self.r.get(self.keys.lease)
                     log.warning("run %s is driven by %s; waiting for its lease to expire", self.run_id, holder.decode() if holder else "?")
                     logged = True
-            except redis.ConnectionError as exc:
+            except redis.RedisError as exc:
+                if not is_retryable(exc):
+                    raise
                 log.warning("run %s: Redis unavailable (%s)", self.run_id, exc)
             self.shutdown.wait(0.2)
         return False
@@ -192,17 +201,21 @@ class StepDriver(threading.Thread):
                 self.store.finish(self.run_id, RunStatus.stopped)
                 log.info("run %s stopped", self.run_id)
                 return
-            except redis.ConnectionError as exc:  # Redis restarting: resume from the persisted state
+            except Exception as exc:  # noqa: BLE001 — Redis restarting or refusing: resume from the persisted state
+                if not is_retryable(exc):
+                    self._fail(exc)
+                    return
                 log.warning("run %s: lost Redis (%s); resuming from the persisted state", self.run_id, exc)
                 if self.shutdown.wait(2.0):
                     return
-            except Exception as exc:  # noqa: BLE001 — any other failure ends the run with its reason
-                log.exception("run %s failed", self.run_id)
-                try:
-                    self.store.finish(self.run_id, RunStatus.failed, error=f"{type(exc).__name__}: {exc}")
-                except redis.RedisError:
-                    log.exception("run %s: cannot record the failure", self.run_id)
-                return
+
+    def _fail(self, exc: Exception) -> None:
+        """Any failure that is not a Redis outage ends the run with its reason."""
+        log.error("run %s failed", self.run_id, exc_info=exc)
+        try:
+            self.store.finish(self.run_id, RunStatus.failed, error=f"{type(exc).__name__}: {exc}")
+        except redis.RedisError:
+            log.exception("run %s: cannot record the failure", self.run_id)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -242,6 +255,7 @@ class StepDriver(threading.Thread):
                 phase = Phase.rollout
             if phase is Phase.rollout:
                 self.wait_for_step(k)
+                faults.point(self.armed, "controller.completed", k)
                 phase = Phase.sync
                 self.store.update(self.run_id, phase=phase)
             if phase is Phase.sync:
@@ -395,8 +409,8 @@ class StepDriver(threading.Thread):
             except codec.PoisonMessage:
                 continue  # the learner dead-letters it; nothing to learn here
             prompt = group.rollout.prompt
-            if not prompt.prompt_uid or not group.scores:
-                continue
+            if not prompt.prompt_uid or not group.scores or self.steps.check_group(prompt) is not None:
+                continue  # a group we did not publish (the learner dead-letters it) must not drop a prompt
             key = self.keys.solved(prompt.stage)
             if all(s.correctness >= 1.0 for s in group.scores):
                 pipe.hsetnx(key, prompt.prompt_uid, 1)
@@ -409,8 +423,9 @@ class StepDriver(threading.Thread):
     # -- offline difficulty estimation ---------------------------------------------------------
 
     def estimate(self, spec: RunSpec, pool: list[PromptRecord], k: int) -> None:
-        """Sample every prompt N times with policy version k, store per-prompt pass rates and drop
-        the prompts solved 0/N or N/N. Resumable: what was published and received is in Redis."""
+        """Sample every prompt N times with policy version k (N per data source:
+        `EstimationConfig.samples_for`), store per-prompt pass rates and drop the prompts solved
+        0/N or N/N. Resumable: what was published and received is in Redis."""
         cfg = spec.estimation
         assert cfg is not None
         prompts = pool[: cfg.max_prompts] if cfg.max_prompts else pool
@@ -429,10 +444,12 @@ class StepDriver(threading.Thread):
             if published < total and published - received < cfg.groups_per_batch:
                 self.wait_for_version(k)
                 batch = prompts[published: published + cfg.groups_per_batch]
+                groups = [
+                    self._group(rec, f"est:{i:07d}", k, -1, pb.GROUP_KIND_ESTIMATE, cfg.samples_for(rec.data_source), cfg.temperature, 1.0, cfg.context_length, group_seed(spec.seed, -1, i))
+                    for i, rec in enumerate(batch, published)
+                ]
                 pipe = self.r.pipeline(transaction=True)
-                for i, rec in enumerate(batch, published):
-                    group = self._group(rec, f"est:{i:07d}", k, -1, pb.GROUP_KIND_ESTIMATE, cfg.samples, cfg.temperature, 1.0, cfg.context_length, group_seed(spec.seed, -1, i))
-                    pipe.xadd(self.keys.prompts, codec.encode(group))
+                self.steps.publish_groups(pipe, ESTIMATION, groups)
                 pipe.hset(self.keys.estimation, "published", published + len(batch))
                 pipe.execute()
             if time.monotonic() > deadline:
@@ -492,13 +509,18 @@ class StepDriver(threading.Thread):
         cfg = self._spec().stages[stage.index]  # re-read: the driver never trains on a stale copy
         records = stage.source.take((k - stage.start) * cfg.rollout_batch_size, cfg.rollout_batch_size)
         seed = self._spec().seed
+        groups = [
+            self._group(rec, f"{k}:{i:05d}", k, stage.index, pb.GROUP_KIND_TRAIN, cfg.group_size, cfg.temperature, cfg.top_p, cfg.context_length, group_seed(seed, k, i))
+            for i, rec in enumerate(records)
+        ]
+        if cfg.penalties is not None:  # the stage's penalties travel with each group to the reward service
+            for group in groups:
+                group.penalties_json = cfg.penalties.model_dump_json()
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.step(k), mapping={"expected": len(records), "stage": stage.index, "stage_config": cfg.model_dump_json(), "published_at": time.time()})
-        for i, rec in enumerate(records):
-            group = self._group(rec, f"{k}:{i:05d}", k, stage.index, pb.GROUP_KIND_TRAIN, cfg.group_size, cfg.temperature, cfg.top_p, cfg.context_length, group_seed(seed, k, i))
-            pipe.xadd(self.keys.prompts, codec.encode(group))
+        self.steps.publish_step(pipe, k, stage.index, cfg, groups)
         pipe.hset(self.keys.state, mapping={"phase": Phase.rollout.value, "stage": stage.index})
         pipe.execute()
+        faults.point(self.armed, "controller.published", k)
         log.info("step %d (stage %d '%s', T=%d): published %d prompt groups", k, stage.index, cfg.name, cfg.context_length, len(records))
 
     def wait_for_version(self, version: int, allow_pause: bool = False) -> float:
@@ -509,7 +531,7 @@ class StepDriver(threading.Thread):
         while True:
             self._check_events()
             workers = {n: s for n, s in alive_workers(self.r, "rollout").items() if s.get("run") == self.run_id}
-            served = {k.decode(): int(v) for k, v in self.r.hgetall(self.keys.weight_versions).items()}
+            served = self.steps.served_versions()
             live = [served.get(n, -1) for n in workers]
             m.LIVE_WORKERS.labels(service="rollout").set(len(workers))
             if live and min(live) >= version:
@@ -539,7 +561,7 @@ class StepDriver(threading.Thread):
         self.stream_sampler.maybe_sample()
         self._read_scored()
         for entry in self.events.read(count=100, block_ms=block_ms or 1):
-            event = self.events.decode(entry, pb.Event)
+            event = self.events.decode(entry, pb.Event, check=self._event_problem)
             if event is None:
                 continue
             kind = event.WhichOneof("kind")
@@ -550,19 +572,28 @@ class StepDriver(threading.Thread):
             if kind == "worker_error":
                 raise RunFailed(f"{event.worker_error.service} {event.source}: {event.worker_error.message}")
 
+    def _event_problem(self, event: pb.Event) -> str | None:
+        """Why `event` is refused, or None: a StepCompleted(k) counts only once the learner has
+        committed step k (the same MULTI sends it), so a stray or forged one cannot move the barrier."""
+        if (problem := event_problem(event, self.run_id)) is not None:
+            return problem
+        if event.WhichOneof("kind") == "step_completed" and event.step_completed.step > self.steps.last_trained():
+            return f"StepCompleted({event.step_completed.step}) but the learner has committed step {self.steps.last_trained()} only"
+        return None
+
     def record_step(self, k: int, synced_at: float) -> None:
         """Append step k's record and move the barrier to step k + 1, in one transaction."""
         entry_id, done = self._completed.pop(k)
-        step = {kk.decode(): v.decode() for kk, v in self.r.hgetall(self.keys.step(k)).items()}
-        stage = StageConfig.model_validate_json(step["stage_config"])
-        published_at = float(step.get("published_at") or done.batch_complete_at)
+        step = self.steps.record(k)
+        stage = step.stage_config
+        published_at = step.published_at or done.batch_complete_at
         rollout = max(0.0, done.batch_complete_at - published_at)
         train = done.train_seconds
         sync = max(0.0, synced_at - (done.batch_complete_at + train))
         total = max(rollout + train + sync, synced_at - published_at)
         record = finite({
             "step": k,
-            "stage": int(step["stage"]),
+            "stage": step.stage,
             "stage_name": stage.name,
             "context_length": stage.context_length,
             "policy_version": k,
@@ -581,6 +612,8 @@ class StepDriver(threading.Thread):
         pipe.hset(self.keys.state, mapping={"step": k + 1, "phase": Phase.publish.value, "policy_version": k + 1})
         pipe.xack(self.keys.events, GROUP, entry_id)
         pipe.execute()
+        faults.point(self.armed, "controller.recorded", k)
+        self.retention.release_step(k + 1)  # every entry of step k is acknowledged: drop it
         self.store.sync_jsonl(self.run_id)
         for phase in ("rollout", "train", "weight_sync", "other"):
             m.STEP_SECONDS.labels(phase=phase).set(record[f"step_seconds_{phase}"])

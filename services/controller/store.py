@@ -90,17 +90,24 @@ class RunStore:
         raw = self.r.get(keys.RunKeys(run_id).spec)
         return RunSpec.model_validate_json(raw) if raw else None
 
-    def append_stage(self, run_id: str, stage: StageConfig) -> RunSpec:
-        """Append `stage` to the plan (atomically against concurrent appends)."""
+    def append_stages(self, run_id: str, stages: list[StageConfig], on_plan_end: str | None = None) -> RunSpec:
+        """Append `stages` to the plan (and set `on_plan_end` if given) in one transaction: all or
+        none, atomically against concurrent appends; RunExists names a stage already in the plan."""
         key = keys.RunKeys(run_id).spec
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key)
                     spec = RunSpec.model_validate_json(pipe.get(key))
-                    if stage.name in {s.name for s in spec.stages}:
-                        raise RunExists(stage.name)
-                    updated = spec.model_copy(update={"stages": [*spec.stages, stage]})
+                    taken = {s.name for s in spec.stages}
+                    for stage in stages:
+                        if stage.name in taken:
+                            raise RunExists(stage.name)
+                        taken.add(stage.name)
+                    update: dict = {"stages": [*spec.stages, *stages]}
+                    if on_plan_end is not None:
+                        update["on_plan_end"] = on_plan_end
+                    updated = spec.model_copy(update=update)
                     pipe.multi()
                     pipe.set(key, updated.model_dump_json())
                     pipe.execute()
@@ -150,6 +157,20 @@ class RunStore:
 
     def stage_records(self, run_id: str) -> list[dict]:
         return [json.loads(x) for x in self.r.lrange(keys.RunKeys(run_id).stages, 0, -1)]
+
+    # -- filtering ---------------------------------------------------------------------------
+
+    def pass_rates(self, run_id: str) -> dict[str, str]:
+        """Prompt uid -> "correct/N" from the difficulty estimation."""
+        return {a.decode(): b.decode() for a, b in self.r.hgetall(keys.RunKeys(run_id).pass_rates).items()}
+
+    def dropped(self, run_id: str) -> dict[str, dict]:
+        """Prompt uid -> {"from_stage": s, "reason": ...} for every prompt filtered out."""
+        return {a.decode(): json.loads(b) for a, b in self.r.hgetall(keys.RunKeys(run_id).dropped).items()}
+
+    def estimation(self, run_id: str) -> dict[str, str] | None:
+        """The difficulty estimation's progress and counts, or None if the run has none."""
+        return {a.decode(): b.decode() for a, b in self.r.hgetall(keys.RunKeys(run_id).estimation).items()} or None
 
     # -- metrics -----------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 import pytest
 
 from magic.common import codec, keys
-from magic.common.bus import ConsumerGroup, StepLedger, Stream
+from magic.common.bus import ConsumerGroup, Stream
 from magic.common.heartbeat import Heartbeat, alive_workers
 from magic.common.pb import messages_pb2 as pb
+from magic.learner.ledger import StepLedger
 
 pytestmark = pytest.mark.integration
 
@@ -107,15 +108,32 @@ def test_an_entry_that_keeps_killing_consumers_is_dead_lettered(r):
     assert survivor.pending_count() == 0
 
 
-def test_stream_follow_and_last(r):
+def test_stream_follow_and_newest(r):
     s = Stream(r, K.weights)
-    assert s.last(pb.WeightUpdate) is None
+    assert s.newest(pb.WeightUpdate) is None
     s.add(pb.WeightUpdate(version=0))
     last_id = s.add(pb.WeightUpdate(version=1))
     got = s.read_after("0", pb.WeightUpdate)
     assert [u.version for _, u in got] == [0, 1]
-    assert s.last(pb.WeightUpdate)[1].version == 1
+    assert s.newest(pb.WeightUpdate)[1].version == 1
     assert s.read_after(last_id, pb.WeightUpdate, block_ms=50) == []
+
+
+def test_a_poison_entry_on_a_fan_out_stream_is_skipped_and_recorded_once(r):
+    s = Stream(r, K.weights)
+    s.add(pb.WeightUpdate(version=0))
+    r.xadd(K.weights, {b"type": b"WeightUpdate", b"pb": b"\xff\xff garbage"})
+    r.xadd(K.weights, {b"junk": b"1"})
+    with pytest.raises(codec.PoisonMessage):  # without a handler the caller learns it at once
+        s.read_after("0", pb.WeightUpdate)
+    assert s.newest(pb.WeightUpdate)[1].version == 0  # the newest entry that is an announcement
+    for follower in ("rollout-a", "rollout-b"):  # two followers find the same garbage
+        seen = []
+        got = s.read_after("0", pb.WeightUpdate, poison=lambda e, why, f=follower: seen.append(s.dead_letter_once(e, why, K.dead, f)))
+        assert [u.version for _, u in got] == [0]
+        assert len(seen) == 2
+    dead = Stream(r, K.dead).read_after("0", pb.DeadLetter)
+    assert len(dead) == 2 and {d.consumer for _, d in dead} == {"rollout-a"} and all(d.stream == K.weights for _, d in dead)
 
 
 def test_ledger_counts_each_group_once():

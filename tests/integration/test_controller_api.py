@@ -67,6 +67,27 @@ def test_mutating_endpoints_need_the_token_and_reads_do_not(client, tiny_model_d
         assert client.get(path).status_code == 200, path
 
 
+def test_reads_can_require_the_token_too(r, tmp_path, tiny_model_dir, data):
+    """With read_requires_token every GET route of the API (enumerated from its OpenAPI) needs the
+    token; the probes, /metrics and the API docs stay open."""
+    settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, read_requires_token=True, worker_wait_seconds=600)
+    app = create_app(settings, r)
+    with TestClient(app) as c:
+        assert c.post("/v1/runs", json=run_spec(tiny_model_dir, data), headers=AUTH).status_code == 201
+        reads = [path for path, ops in app.openapi()["paths"].items() if path.startswith("/v1/") and "get" in ops]
+        assert len(reads) >= 6
+        for path in reads:
+            path = path.replace("{run_id}", "r1").replace("{name}", "train")
+            resp = c.get(path)
+            assert resp.status_code == 401 and resp.headers["www-authenticate"].startswith("Bearer"), path
+            assert c.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401, path
+            assert c.get(path, headers=AUTH).status_code in (200, 404), path
+        assert c.get("/v1/runs/r1", headers=AUTH).json()["name"] == "r1"
+        for path in ("/livez", "/readyz", "/metrics", "/openapi.json"):
+            assert c.get(path).status_code == 200, path
+        c.post("/v1/runs/r1/stop", headers=AUTH)
+
+
 def test_without_a_token_the_api_is_open_and_says_so(r, tmp_path, data, caplog):
     with caplog.at_level("WARNING"), TestClient(create_app(ControllerSettings(data_dir=tmp_path / "d"), r)) as c:
         assert c.post("/v1/datasets", json={"name": "open", "path": str(data)}).status_code == 201
@@ -207,6 +228,10 @@ def test_stages_and_plans_are_appended(client, r, tiny_model_dir, data):
     assert resp.json()["spec"]["on_plan_end"] == "finish"
     assert client.post("/v1/runs/r1/plan", json={"stages": []}, headers=AUTH).status_code == 422
     assert client.post("/v1/runs/r1/plan", json={"stages": [{"name": "b", "steps": 1, "T": 16, "D_R": 4, "gs": 2}]}, headers=AUTH).status_code == 409
+    # all or nothing: a plan whose second stage clashes appends neither, nor changes on_plan_end
+    clash = {"stages": [{"name": "d", "steps": 1, "T": 16, "D_R": 4, "gs": 2}, {"name": "c", "steps": 1, "T": 16, "D_R": 4, "gs": 2}], "on_plan_end": "wait"}
+    assert client.post("/v1/runs/r1/plan", json=clash, headers=AUTH).status_code == 409
+    assert client.get("/v1/runs/r1").json()["spec"]["on_plan_end"] == "finish"
     assert client.post("/v1/runs/nope/plan", json=plan, headers=AUTH).status_code == 404
     assert client.get("/v1/runs/nope/stages").status_code == 404
     view = client.get("/v1/runs/r1/stages").json()

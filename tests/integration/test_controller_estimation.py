@@ -32,7 +32,7 @@ def test_difficulty_estimation_drops_unsolvable_prompts_and_never_reaches_the_le
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     k = keys.RunKeys("est")
     try:
-        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port)})
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_TRIM_STREAMS": "false"})
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
@@ -41,9 +41,10 @@ def test_difficulty_estimation_drops_unsolvable_prompts_and_never_reaches_the_le
             "name": "est",
             "model": str(tiny_model_dir),
             "datasets": [str(data)],
-            # estimate 4 of the 6 prompts, 3 groups at a time; train one step on what is left
-            "estimation": {"N": 4, "T": 6, "tau": 1.0, "max_prompts": 4, "groups_per_batch": 3},
-            "stages": [{"name": "s", "steps": 1, "T": 8, "D_R": 2, "gs": 2}],
+            # estimate 4 of the 6 prompts, 3 groups at a time, N = 4 for the demo's data source
+            # (6 for any other); train one step on what is left, with the stage's own penalties
+            "estimation": {"N": 6, "samples_by_source": {"*code*": 8, "magic/*": 4}, "T": 6, "tau": 1.0, "max_prompts": 4, "groups_per_batch": 3},
+            "stages": [{"name": "s", "steps": 1, "T": 8, "D_R": 2, "gs": 2, "penalties": {"repetition_max": 0.5, "repetition_flat": True, "repetition_ngram": 1}}],
         }
         assert api.post("/v1/runs", json=spec).status_code == 201
         deadline = time.monotonic() + 120
@@ -66,6 +67,11 @@ def test_difficulty_estimation_drops_unsolvable_prompts_and_never_reaches_the_le
         scored = [g for _, g in Stream(r, k.scored).read_after("0", pb.ScoredGroup)]
         assert len(scored) == 2 and all(g.rollout.prompt.kind == pb.GROUP_KIND_TRAIN for g in scored)
         assert {g.rollout.prompt.prompt_uid for g in scored} <= {"train:5", "train:6"}  # only what was not dropped
+        # the stage's penalties reached the reward service on each training group (never on estimation ones)
+        assert all(g.rollout.prompt.penalties_json for g in scored) and not any(g.rollout.prompt.penalties_json for g in estimated)
+        for sc in (sc for g in scored for sc in g.scores):
+            assert sc.penalties["repetition"] in (0.0, -0.5) and "overlong" not in sc.penalties
+            assert sc.reward == pytest.approx(sc.correctness + sc.penalties["repetition"])
         assert [x["step"] for x in api.get("/v1/runs/est/metrics").json()] == [0]
     finally:
         sup.stop_all()

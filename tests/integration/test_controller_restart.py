@@ -34,7 +34,7 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
     port = free_port()
     env = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp_path / "data"), "MAGIC_TORCH_THREADS": "1"}
     sup = Supervisor(tmp_path / "logs", env)
-    controller_env = {"MAGIC_PORT": str(port), "MAGIC_API_TOKEN": TOKEN, "MAGIC_LEASE_SECONDS": "1.5"}
+    controller_env = {"MAGIC_PORT": str(port), "MAGIC_TRIM_STREAMS": "false", "MAGIC_API_TOKEN": TOKEN, "MAGIC_LEASE_SECONDS": "1.5"}
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     k = keys.RunKeys("restart")
 

@@ -64,7 +64,7 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PromptGroup(_message.Message):
-    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at", "kind")
+    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at", "kind", "penalties_json")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class PromptGroup(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    PENALTIES_JSON_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     group_id: str
     step: int
@@ -91,7 +92,8 @@ class PromptGroup(_message.Message):
     sampling: SamplingParams
     published_at: float
     kind: GroupKind
-    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ..., kind: _Optional[_Union[GroupKind, str]] = ...) -> None: ...
+    penalties_json: str
+    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ..., kind: _Optional[_Union[GroupKind, str]] = ..., penalties_json: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("response_ids", "logprobs", "finish_reason", "text", "policy_version")
@@ -228,30 +230,18 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("run_id", "at", "source", "weights_loaded", "step_completed", "worker_error")
+    __slots__ = ("run_id", "at", "source", "step_completed", "worker_error")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
-    WEIGHTS_LOADED_FIELD_NUMBER: _ClassVar[int]
     STEP_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     WORKER_ERROR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     at: float
     source: str
-    weights_loaded: WeightsLoaded
     step_completed: StepCompleted
     worker_error: WorkerError
-    def __init__(self, run_id: _Optional[str] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompleted, _Mapping]] = ..., worker_error: _Optional[_Union[WorkerError, _Mapping]] = ...) -> None: ...
-
-class WeightsLoaded(_message.Message):
-    __slots__ = ("version", "load_seconds", "transport")
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
-    version: int
-    load_seconds: float
-    transport: str
-    def __init__(self, version: _Optional[int] = ..., load_seconds: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., step_completed: _Optional[_Union[StepCompleted, _Mapping]] = ..., worker_error: _Optional[_Union[WorkerError, _Mapping]] = ...) -> None: ...
 
 class StepCompleted(_message.Message):
     __slots__ = ("step", "new_version", "metrics", "batch_complete_at", "train_seconds", "published_at")

@@ -20,7 +20,11 @@ def model_limits(model: str, records: list[PromptRecord]) -> tuple[int | None, i
     rendered with the chat template); a 422 on `model` when the directory is not a model."""
     path = Path(model)
     config = path / "config.json"
-    if not config.is_file():
+    try:
+        readable = config.is_file()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte: the path cannot name a model
+        raise invalid(["model"], f"{model[:200]!r} is not a readable path ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})", model[:200]) from None
+    if not readable:
         raise invalid(["model"], f"{model} is not a Hugging Face model directory the controller can read (no config.json)", model)
     try:
         window = json.loads(config.read_text()).get("max_position_embeddings")
@@ -32,16 +36,15 @@ def model_limits(model: str, records: list[PromptRecord]) -> tuple[int | None, i
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001 — transformers raises many kinds for a bad directory
         raise invalid(["model"], f"{model}: cannot load its tokenizer ({type(exc).__name__}: {exc})", model) from None
+    from magic.common.modeling import render_prompt
+
     longest = sorted(records, key=lambda rec: -sum(len(c) for _, c in rec.messages))[:LONGEST_CHECKED]
     tokens = 0
-    for rec in longest:
-        messages = [{"role": r, "content": c} for r, c in rec.messages]
-        if getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            n = len(out["input_ids"] if hasattr(out, "keys") else out)
-        else:
-            n = len(tok("\n".join(c for _, c in rec.messages))["input_ids"])
-        tokens = max(tokens, n)
+    try:
+        for rec in longest:
+            tokens = max(tokens, len(render_prompt(tok, [{"role": r, "content": c} for r, c in rec.messages])))
+    except ValueError as exc:  # no chat template: the rollout workers could not render the prompts either
+        raise invalid(["model"], f"{model}: {exc}", model) from None
     return (int(window) if isinstance(window, int) else None), tokens
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from typing import Annotated
@@ -12,6 +11,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from magic.common.config import ControllerSettings, RunSpec
+from magic.controller.api.guard import token_problem
 from magic.controller.datasets import DatasetRegistry
 from magic.controller.driver import StepDriver
 from magic.controller.store import TERMINAL, RunStore
@@ -73,15 +73,9 @@ def require_token(
 ) -> None:
     """Every mutating endpoint: `Authorization: Bearer <MAGIC_API_TOKEN>` (no check when the
     controller runs without a token, which it warns about at start)."""
-    token = c.settings.api_token
-    if token is None:
-        return
-    if credentials is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(credentials.credentials.encode(), token.get_secret_value().encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "wrong bearer token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
-        )
+    problem = token_problem(f"Bearer {credentials.credentials}" if credentials else None, c.settings.api_token)
+    if problem is not None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, problem[0], headers={"WWW-Authenticate": problem[1]})
 
 
 Authorized = [Depends(require_token)]

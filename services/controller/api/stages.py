@@ -8,13 +8,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from magic.common import keys
-from magic.common.config import StageConfig
+from magic.common.config import PlanEnd, StageConfig, duplicate_stage_name
 from magic.controller.api.checks import check_stage
 from magic.controller.api.deps import Authorized, Controller, ControllerDep, spec_or_404
 from magic.controller.api.views import RunView, run_view
@@ -29,14 +26,14 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stages: list[StageConfig] = Field(min_length=1, max_length=1000)
-    on_plan_end: Literal["finish", "wait"] = "finish"
+    on_plan_end: PlanEnd = "finish"
     """"finish" the run after the last stage, or "wait" for more."""
 
     @model_validator(mode="after")
     def _unique(self) -> "PlanRequest":
         names = [s.name for s in self.stages]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stage names must be unique within a run, got {names}")
+        if (dup := duplicate_stage_name(names)) is not None:
+            raise ValueError(f"stage names must be unique within a run: {dup!r} is given twice in {names}")
         return self
 
 
@@ -46,24 +43,21 @@ class StagesView(BaseModel):
     """One record per started stage: start/end step, why it ended, prompts, filter counts."""
 
 
-def _append(c: Controller, run_id: str, stages: list[StageConfig], loc: list[str | int]) -> None:
+def _append(c: Controller, run_id: str, stages: list[StageConfig], loc: list[str | int], on_plan_end: str | None = None) -> None:
     spec = spec_or_404(c, run_id)
     current = c.store.status(run_id)
     if current in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"run {run_id!r} has ended ({current.value}); create a new run")
-    taken = {s.name for s in spec.stages}
-    for i, stage in enumerate(stages):
-        if stage.name in taken:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"run {run_id!r} already has a stage named {stage.name!r}")
+    if (dup := duplicate_stage_name([s.name for s in stages], {s.name for s in spec.stages})) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"run {run_id!r} already has a stage named {dup!r}")
     state = c.store.state(run_id)
     window = int(state.get("model_context_window", 0)) or None
     for i, stage in enumerate(stages):
         check_stage(stage, [*loc, i] if len(loc) else [], window, int(state.get("max_prompt_tokens", 0)))
-    for stage in stages:
-        try:
-            c.store.append_stage(run_id, stage)
-        except RunExists:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"run {run_id!r} already has a stage named {stage.name!r}") from None
+    try:
+        c.store.append_stages(run_id, stages, on_plan_end)
+    except RunExists as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"run {run_id!r} already has a stage named {str(exc)!r}") from None
 
 
 @router.post("/stages", status_code=status.HTTP_201_CREATED, response_model=RunView, dependencies=Authorized, responses={409: {"description": "the run has ended or has a stage of that name"}})
@@ -77,9 +71,7 @@ def start_stage(run_id: str, stage: StageConfig, c: ControllerDep) -> RunView:
 @router.post("/plan", status_code=status.HTTP_201_CREATED, response_model=RunView, dependencies=Authorized, responses={409: {"description": "the run has ended or has a stage of that name"}})
 def submit_plan(run_id: str, plan: PlanRequest, c: ControllerDep) -> RunView:
     """Append a whole plan; the run advances through it by itself, then finishes or waits."""
-    _append(c, run_id, plan.stages, ["stages"])
-    spec = c.store.spec(run_id)
-    c.r.set(keys.RunKeys(run_id).spec, spec.model_copy(update={"on_plan_end": plan.on_plan_end}).model_dump_json())
+    _append(c, run_id, plan.stages, ["stages"], plan.on_plan_end)
     c.poke(run_id)
     return run_view(c, run_id)
 

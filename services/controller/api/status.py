@@ -7,13 +7,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from magic.common import keys
 from magic.controller.api.deps import ControllerDep, spec_or_404
 from magic.controller.api.views import Filtering, RunView, filtering, run_view
 
@@ -47,9 +45,4 @@ class PassRates(BaseModel):
 @router.get("/pass-rates", response_model=PassRates)
 def get_pass_rates(run_id: str, c: ControllerDep) -> PassRates:
     spec_or_404(c, run_id)
-    k = keys.RunKeys(run_id)
-    return PassRates(
-        filtering=filtering(c, run_id),
-        pass_rates={a.decode(): b.decode() for a, b in c.r.hgetall(k.pass_rates).items()},
-        dropped={a.decode(): json.loads(b) for a, b in c.r.hgetall(k.dropped).items()},
-    )
+    return PassRates(filtering=filtering(c, run_id), pass_rates=c.store.pass_rates(run_id), dropped=c.store.dropped(run_id))

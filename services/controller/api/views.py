@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from magic.common import keys
 from magic.common.config import RunSpec
 from magic.common.heartbeat import alive_workers
 from magic.controller.api.deps import Controller, spec_or_404
@@ -59,11 +58,8 @@ class RunView(BaseModel):
 
 
 def filtering(c: Controller, run_id: str) -> Filtering:
-    import json
-
-    k = keys.RunKeys(run_id)
-    reasons = [json.loads(v)["reason"] for v in c.r.hvals(k.dropped)]
-    est = {a.decode(): b.decode() for a, b in c.r.hgetall(k.estimation).items()} or None
+    reasons = [d["reason"] for d in c.store.dropped(run_id).values()]
+    est = c.store.estimation(run_id)
     return Filtering(
         dropped_online=reasons.count("solved"),
         dropped_estimated_0=reasons.count("estimated_0"),

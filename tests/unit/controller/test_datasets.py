@@ -45,6 +45,14 @@ def test_missing_and_empty_files(tmp_path):
         load_jsonl(write(tmp_path, [""]))
 
 
+@pytest.mark.parametrize("name", ["x" * 300 + ".jsonl", "a\x00b.jsonl", "é" * 200 + ".jsonl"])
+def test_paths_the_filesystem_refuses_are_a_dataset_error(tmp_path, name):
+    """A name too long for the filesystem or with a NUL byte (what an API client may send) is a
+    clear refusal, never an OSError/ValueError escaping as a server error."""
+    with pytest.raises(DatasetError, match="not a readable path"):
+        load_jsonl(str(tmp_path / name))
+
+
 def test_prompt_source_is_deterministic_and_covers_each_epoch(tmp_path):
     p = write(tmp_path, [{"prompt": str(i), "reward_model": {"ground_truth": str(i)}} for i in range(10)])
     recs = load_jsonl(p)
@@ -92,3 +100,14 @@ def test_changed_file_is_refused_after_registration(tmp_path, r):
     p.write_text(p.read_text() + json.dumps({"prompt": "y", "reward_model": {"ground_truth": "2"}}) + "\n")
     with pytest.raises(DatasetError, match="changed since it was registered"):
         reg.load("d")
+
+
+def test_a_huge_line_is_refused_without_being_held(tmp_path):
+    """A sparse file (one "line" of NULs) is refused after at most MAX_LINE_CHARS are read."""
+    from magic.controller import datasets
+
+    path = tmp_path / "sparse.jsonl"
+    with path.open("wb") as f:
+        f.truncate(datasets.MAX_LINE_CHARS + 4096)
+    with pytest.raises(datasets.DatasetError, match="line longer than"):
+        datasets.load_records(path)

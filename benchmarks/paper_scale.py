@@ -1,0 +1,364 @@
+"""Paper-scale simulation: one MAGIC run at the Skywork-OR1 shape with stand-in generation and training.
+
+Real: a private Redis (maxmemory + noeviction, as the chart's), the controller (`magic serve
+controller`, its REST API, step barrier and stream retention), the reward service(s) (`magic
+serve reward`, the math verifier on every sample), the rollout worker's and the learner's service
+loops (RolloutWorker: pulling, weight sync, publish + ack; LearnerWorker: the step ledger, acks,
+weight publishing on the filesystem transport, StepCompleted).
+Stand-ins: the rollout *engine* returns paper-shaped groups (D_R × gs samples, response lengths
+drawn from a long-tailed log-normal, median 4k tokens, cut at T = 16k) with token ids, logprobs
+and a reasoning text ending in a boxed answer (right half the time); each group is ready
+`--generation-seconds` × (its longest response / T) after it was admitted, as if a vLLM fleet
+generated it. The *trainer* sleeps `--train-seconds` and publishes a tiny state dict.
+
+Per step it prints: the step's time and its orchestration share (everything that is neither
+generation nor training: publishing, the reward tail, collection, weight sync, recording),
+Redis memory (at the step's end and its peak), stream lengths, bytes through Redis, and the
+reward service's throughput. It exits non-zero if a step is missing, a group was lost, or
+anything was dead-lettered.
+
+    .venv/bin/python benchmarks/paper_scale.py                          # D_R=256, gs=16, T=16k, 4 steps
+    .venv/bin/python benchmarks/paper_scale.py --groups 32 --steps 50   # memory over 50 steps
+    .venv/bin/python benchmarks/paper_scale.py --rollout-workers 4      # several rollout processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STREAMS = ("prompts", "rollouts", "scored", "events", "weights", "dead")
+RUN = "paper-scale"
+
+
+# -- stand-ins (run inside the worker processes) ------------------------------------------------
+
+
+def response_lengths(rng: random.Random, n: int, max_tokens: int, median: float = 4000.0, sigma: float = 0.8) -> list[int]:
+    """n response lengths from a log-normal (median `median`), cut at `max_tokens` (truncated)."""
+    import math
+
+    return [max(16, min(max_tokens, int(math.exp(rng.gauss(math.log(median), sigma))))) for _ in range(n)]
+
+
+class StandInEngine:
+    """A RolloutEngine that generates nothing: paper-shaped samples, ready after the time a fleet would take."""
+
+    def __init__(self, max_batch_sequences: int, generation_seconds: float, vocab: int, seed: int):
+        from magic.common.pb import messages_pb2 as pb
+
+        self.pb = pb
+        self.version = -1
+        self.max_batch_sequences = max_batch_sequences
+        self.generation_seconds = generation_seconds
+        self.rng = random.Random(seed)
+        span = 40_000
+        self.ids = [self.rng.randrange(vocab) for _ in range(span)]
+        self.logps = [-self.rng.expovariate(2.0) for _ in range(span)]
+        self.filler = ("We add the numbers one at a time and check each partial sum carefully. " * 2000)[: 4 * span]
+        self.work: dict[str, tuple[float, list]] = {}
+
+    def render_prompt(self, messages):
+        return self.ids[:200]
+
+    def submit(self, key, request):
+        from magic.rollout.engine import GeneratedSample
+
+        lengths = response_lengths(self.rng, request.n, request.max_tokens)
+        samples = []
+        for n in lengths:
+            off = self.rng.randrange(len(self.ids) - n)
+            truncated = n >= request.max_tokens
+            boxed = "" if truncated else f"\n\nSo the answer is $\\boxed{{{'ANSWER' if self.rng.random() < 0.5 else 'WRONG'}}}$."
+            samples.append(GeneratedSample(self.ids[off: off + n], self.logps[off: off + n],
+                                           self.pb.FINISH_REASON_LENGTH if truncated else self.pb.FINISH_REASON_STOP,
+                                           self.filler[: 4 * n] + boxed))
+        ready = time.monotonic() + self.generation_seconds * max(lengths) / request.max_tokens
+        self.work[key] = (ready, samples)
+
+    def step(self):
+        now = time.monotonic()
+        done = [k for k, (t, _) in self.work.items() if t <= now]
+        if not done:
+            time.sleep(0.005)
+        return [(k, self.work.pop(k)[1]) for k in done]
+
+    def free_slots(self):
+        return self.max_batch_sequences - sum(len(s) for _, s in self.work.values())
+
+    def in_flight(self):
+        return list(self.work)
+
+    def abort(self, keys=None):
+        gone = list(self.work) if keys is None else [k for k in keys if k in self.work]
+        for k in gone:
+            self.work.pop(k)
+        return gone
+
+    def load_checkpoint(self, checkpoint):
+        self.version = checkpoint.version
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+    def healthy(self):
+        return True
+
+    def close(self):
+        pass
+
+
+class StandInTrainer:
+    """The learner's trainer, minus the training: sleeps, reports what it was given."""
+
+    def __init__(self, train_seconds: float):
+        import torch
+
+        from magic.learner.core_algos import EntropyController
+
+        self.train_seconds = train_seconds
+        self.controller = EntropyController()
+        state = {"w": torch.zeros(4)}
+
+        class Backend:
+            def full_state_dict(self):
+                return state
+
+        self.backend = Backend()
+
+    def train_step(self, groups, version, stage):
+        time.sleep(self.train_seconds)
+        samples = [s for g in groups for s in g.scores]
+        mismatch = sum(1 for g in groups for s in g.rollout.samples if s.policy_version != version)
+        return {
+            "groups": float(len(groups)),
+            "distinct_groups": float(len({g.rollout.prompt.group_id for g in groups})),
+            "samples": float(len(samples)),
+            "tokens_trained": float(sum(len(s.response_ids) for g in groups for s in g.rollout.samples)),
+            "longest_response": float(max((len(s.response_ids) for g in groups for s in g.rollout.samples), default=0)),
+            "reward_mean": sum(s.reward for s in samples) / max(1, len(samples)),
+            "accuracy_all": sum(s.correctness for s in samples) / max(1, len(samples)),
+            "version_mismatch": float(mismatch),
+        }
+
+    def save_checkpoint(self, *args, **kwargs):
+        return None
+
+    def wait_for_checkpoint(self):
+        pass
+
+
+def serve_rollout(args) -> int:
+    from magic.common.config import RolloutSettings
+    from magic.common.service import serve
+    from magic.common.weights import make_receiver
+    from magic.rollout.worker import SERVICE, RolloutWorker
+
+    settings = RolloutSettings()
+    seed = abs(hash(settings.worker_name)) % (1 << 30)
+
+    def attach(r, run_id):
+        engine = StandInEngine(settings.max_batch_sequences, args.generation_seconds, args.vocab, seed)
+        receiver = make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=settings.data_dir / "cache")
+        return RolloutWorker(r, run_id, settings, engine, receiver)
+
+    return serve(SERVICE, settings, attach)
+
+
+def serve_learner(args) -> int:
+    import magic.learner.worker as lw
+    from magic.common.config import LearnerSettings
+    from magic.common.service import serve
+
+    settings = LearnerSettings()
+    lw._attach = lambda *a, **k: StandInTrainer(args.train_seconds)  # the stand-in trainer
+    return serve(lw.SERVICE, settings, lambda r, run_id: lw.LearnerWorker(r, run_id, settings))
+
+
+# -- the driver (this process) ------------------------------------------------------------------
+
+
+def _dataset(path: Path, n: int) -> None:
+    """n math prompts whose ground truth is the literal ANSWER (the stand-in boxes ANSWER or WRONG)."""
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"Problem {i}: what is the answer? Put it in \\boxed{{}}."}],
+                                "data_source": "math", "reward_model": {"ground_truth": "ANSWER"}, "extra_info": {"index": i}}) + "\n")
+
+
+def _redis_figures(r, k) -> dict:
+    mem = r.info("memory")
+    stats = r.info("stats")
+    pipe = r.pipeline(transaction=False)
+    for name in STREAMS:
+        pipe.xlen(getattr(k, name))
+    lengths = dict(zip(STREAMS, pipe.execute()))
+    return {"used_memory": int(mem["used_memory"]), "net_bytes": int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"]), "streams": lengths}
+
+
+def run(args) -> dict:
+    import httpx
+    import redis
+
+    from magic.common import keys
+    from magic.demo.prepare import build_model
+    from magic.local.redis_server import RedisServer, free_port
+    from magic.local.supervisor import Supervisor
+
+    tmp = Path(args.workdir or tempfile.mkdtemp(prefix="magic-paper-scale-"))
+    model = tmp / "model"
+    build_model(model, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=args.max_tokens + 1024)  # only its config and tokenizer are used
+    data = tmp / "train.jsonl"
+    _dataset(data, args.groups * (args.steps + 1))
+    server = RedisServer(maxmemory=args.maxmemory).start()
+    r = redis.Redis.from_url(server.url)
+    port = free_port()
+    base = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_LOG_LEVEL": "WARNING"}
+    sup = Supervisor(tmp / "logs", base)
+    procs: list[subprocess.Popen] = []
+    me = [sys.executable, str(Path(__file__).resolve()), "--generation-seconds", str(args.generation_seconds),
+          "--train-seconds", str(args.train_seconds), "--vocab", str(args.vocab)]
+    try:
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_STEP_TIMEOUT_SECONDS": "7200",
+                                                     "MAGIC_TRIM_STREAMS": "false" if args.keep_streams else "true"})
+        for i in range(args.reward_workers):
+            sup.start(f"reward-{i}", "magic.reward", {"MAGIC_MATH__WORKERS": str(args.reward_processes)} if args.reward_processes else {})
+        env = {**os.environ, **base, "PYTHONUNBUFFERED": "1"}
+        per_worker = -(-args.groups * args.group_size // args.rollout_workers)
+        for i in range(args.rollout_workers):
+            log = (tmp / "logs" / f"rollout-{i}.log").open("ab")
+            procs.append(subprocess.Popen(me + ["--role", "rollout"], env={**env, "MAGIC_WORKER_NAME": f"rollout-{i}", "MAGIC_MAX_BATCH_SEQUENCES": str(per_worker)},
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log = (tmp / "logs" / "learner.log").open("ab")
+        procs.append(subprocess.Popen(me + ["--role", "learner"], env={**env, "MAGIC_WORKER_NAME": "learner", "MAGIC_CHECKPOINT_EVERY": "0"},
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if api.get("/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or sup.first_exit():
+                raise RuntimeError("the controller did not start; logs in " + str(tmp / "logs"))
+            time.sleep(0.2)
+        spec = {"name": RUN, "model": str(model), "train_files": [str(data)],
+                "stages": [{"name": "paper", "steps": args.steps, "T": args.max_tokens, "D_R": args.groups, "gs": args.group_size, "lr": 1e-6}]}
+        resp = api.post("/v1/runs", json=spec)
+        if resp.status_code != 201:
+            raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")
+        k = keys.RunKeys(RUN)
+        print(f"D_R={args.groups} gs={args.group_size} T={args.max_tokens} steps={args.steps}; stand-in generation {args.generation_seconds}s, "
+              f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}; logs {tmp / 'logs'}")
+        print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
+              f"{'through MB':>10} {'reward/s':>9}  streams (prompts rollouts scored events weights dead)")
+        steps: list[dict] = []
+        before = _redis_figures(r, k)
+        peak = before["used_memory"]
+        status = "running"
+        t_run = time.monotonic()
+        while len(steps) < args.steps:
+            time.sleep(0.25)
+            fig = _redis_figures(r, k)
+            peak = max(peak, fig["used_memory"])
+            records = api.get(f"/v1/runs/{RUN}/metrics").json()
+            for rec in records[len(steps):]:
+                fig = _redis_figures(r, k)
+                total = rec["step_seconds_total"]
+                # generation: the stand-in fleet's time for the step (its longest response); training: the stand-in's sleep
+                generation = args.generation_seconds * rec.get("longest_response", args.max_tokens) / args.max_tokens
+                orch = max(0.0, total - generation - args.train_seconds)
+                row = {
+                    "step": rec["step"], "total_s": total, "rollout_s": rec["step_seconds_rollout"], "train_s": rec["step_seconds_train"],
+                    "sync_s": rec["step_seconds_weight_sync"], "other_s": rec["step_seconds_other"], "orchestration_s": orch,
+                    "orchestration_fraction": orch / total if total else 0.0, "redis_used_bytes": fig["used_memory"], "redis_peak_bytes": peak,
+                    "bytes_through_redis": fig["net_bytes"] - before["net_bytes"], "streams": fig["streams"],
+                    "samples": rec.get("samples", 0), "distinct_groups": rec.get("distinct_groups", 0), "version_mismatch": rec.get("version_mismatch", 0),
+                    "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
+                }
+                steps.append(row)
+                s = fig["streams"]
+                print(f"{row['step']:>4} {total:>8.2f} {row['rollout_s']:>8.2f} {row['train_s']:>6.2f} {row['sync_s']:>6.2f} {row['other_s']:>6.2f} "
+                      f"{100 * row['orchestration_fraction']:>6.2f}% {row['redis_used_bytes'] / 2**20:>9.1f} {peak / 2**20:>8.1f} "
+                      f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f}  "
+                      + " ".join(str(s[n]) for n in STREAMS), flush=True)
+                before, peak = fig, fig["used_memory"]
+            status = api.get(f"/v1/runs/{RUN}").json()["status"]
+            if status in ("failed", "stopped") or sup.first_exit() or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the run stopped (status {status}); logs in {tmp / 'logs'}")
+        wall = time.monotonic() - t_run
+        final = _redis_figures(r, k)
+        expected = args.groups * args.group_size
+        lost = [s["step"] for s in steps if s["samples"] != expected or s["distinct_groups"] != args.groups]
+        summary = {
+            "args": vars(args), "steps": steps, "wall_seconds": wall, "dead_letters": final["streams"]["dead"],
+            "lost_steps": lost, "version_mismatch": sum(s["version_mismatch"] for s in steps),
+            "redis_used_bytes_first": steps[0]["redis_used_bytes"], "redis_used_bytes_last": steps[-1]["redis_used_bytes"],
+            "redis_peak_bytes": max(s["redis_peak_bytes"] for s in steps),
+        }
+        mb = 2**20
+        tokens = sum(s["tokens"] for s in steps) / len(steps)
+        print(f"\n{len(steps)} steps in {wall:.0f}s; Redis used {summary['redis_used_bytes_first'] / mb:.1f} MB after step 0, "
+              f"{summary['redis_used_bytes_last'] / mb:.1f} MB after the last, peak {summary['redis_peak_bytes'] / mb:.1f} MB; "
+              f"{sum(s['bytes_through_redis'] for s in steps) / len(steps) / mb:.0f} MB through Redis per step "
+              f"({tokens / 1e6:.1f}M response tokens per step); "
+              f"orchestration {100 * sum(s['orchestration_s'] for s in steps) / sum(s['total_s'] for s in steps):.2f}% of step time; "
+              f"dead letters {summary['dead_letters']}; groups lost in steps {lost or 'none'}; version mismatches {summary['version_mismatch']:.0f}")
+        return summary
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        sup.stop_all()
+        r.close()
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", choices=("driver", "rollout", "learner"), default="driver", help=argparse.SUPPRESS)
+    ap.add_argument("--groups", type=int, default=256, help="D_R: prompt groups per step")
+    ap.add_argument("--group-size", type=int, default=16, help="gs: samples per group")
+    ap.add_argument("--max-tokens", type=int, default=16384, help="T: longest response")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--generation-seconds", type=float, default=60.0, help="time the stand-in fleet takes for a group whose longest response is T tokens")
+    ap.add_argument("--train-seconds", type=float, default=5.0, help="the stand-in learner step")
+    ap.add_argument("--rollout-workers", type=int, default=1)
+    ap.add_argument("--reward-workers", type=int, default=1)
+    ap.add_argument("--reward-processes", type=int, default=0, help="verifier processes of each reward worker, MAGIC_MATH__WORKERS (0: one per core)")
+    ap.add_argument("--vocab", type=int, default=151_936, help="token ids are drawn below this (Qwen2.5's vocabulary)")
+    ap.add_argument("--maxmemory", default="3gb", help="Redis maxmemory (the chart's default)")
+    ap.add_argument("--keep-streams", action="store_true", help="run the controller with MAGIC_TRIM_STREAMS=false (for comparison)")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", default=None, help="write the per-step figures here")
+    args = ap.parse_args(argv)
+    if args.role == "rollout":
+        return serve_rollout(args)
+    if args.role == "learner":
+        return serve_learner(args)
+    summary = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    ok = not summary["lost_steps"] and summary["dead_letters"] == 0 and summary["version_mismatch"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The service runtime (magic.common.service.serve) over a real Redis: a fatal error reaches the
+run as a WorkerError; a Redis refusal or outage is waited out and the worker re-attached."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import redis
+
+from magic.common import keys
+from magic.common.bus import Stream, is_retryable
+from magic.common.config import ServiceSettings
+from magic.common.pb import messages_pb2 as pb
+from magic.common.service import Worker, serve
+
+pytestmark = pytest.mark.integration
+
+
+class Scripted(Worker):
+    """A worker whose polls follow a script: raise the given exception, or stop the process."""
+
+    def __init__(self, script: list):
+        self.script = script
+
+    def poll(self) -> None:
+        step = self.script.pop(0)
+        if step == "stop":
+            os.kill(os.getpid(), signal.SIGTERM)  # serve's handler ends the loop
+        elif isinstance(step, BaseException):
+            raise step
+
+
+def settings(redis_server) -> ServiceSettings:
+    return ServiceSettings(redis_url=redis_server.url, worker_name="w-0", heartbeat_seconds=0.2)
+
+
+def test_a_fatal_error_is_sent_to_the_run_as_a_worker_error(r, redis_server):
+    r.set(keys.ACTIVE_RUN, "doomed")
+    with pytest.raises(ValueError, match="model is gone"):
+        serve("learner", settings(redis_server), lambda _r, _run: Scripted([ValueError("model is gone")]))
+    events = [e for _, e in Stream(r, keys.RunKeys("doomed").events).read_after("0", pb.Event)]
+    assert len(events) == 1 and events[0].worker_error.service == "learner" and "model is gone" in events[0].worker_error.message
+    assert events[0].source == "w-0" and events[0].run_id == "doomed"
+
+
+@pytest.mark.parametrize(
+    "outage",
+    [redis.ConnectionError("Connection closed by server."), redis.BusyLoadingError("Redis is loading the dataset in memory"),
+     redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+     redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")],
+)
+def test_a_redis_outage_or_refusal_re_attaches_the_worker(r, redis_server, outage):
+    assert is_retryable(outage)
+    r.set(keys.ACTIVE_RUN, "lives")
+    attached = []
+
+    def attach(_r, run):
+        attached.append(run)
+        return Scripted([outage] if len(attached) == 1 else ["stop"])
+
+    assert serve("rollout", settings(redis_server), attach) == 0
+    assert attached == ["lives", "lives"]  # detached on the outage, attached again after it
+    assert r.xlen(keys.RunKeys("lives").events) == 0  # an outage is not a worker error
+
+
+def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
+    """The rollout worker's vLLM server died (VllmServerDied is a WorkerRestart): the worker is
+    closed and attached again, and the run hears of no worker error."""
+    from magic.common.service import WorkerRestart
+    from magic.rollout.vllm_engine import VllmServerDied
+
+    assert issubclass(VllmServerDied, WorkerRestart)
+    r.set(keys.ACTIVE_RUN, "lives")
+    attached, closed = [], []
+
+    class Closing(Scripted):
+        def close(self) -> None:
+            closed.append(True)
+
+    def attach(_r, run):
+        attached.append(run)
+        return Closing([VllmServerDied("the vLLM server (pid 1) exited with code -9")] if len(attached) == 1 else ["stop"])
+
+    assert serve("rollout", settings(redis_server), attach) == 0
+    assert attached == ["lives", "lives"] and len(closed) == 2
+    assert r.xlen(keys.RunKeys("lives").events) == 0
