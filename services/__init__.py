@@ -10,5 +10,3 @@ Sources live in `services/` and import as `magic`:
     magic.demo        the tiny local model and task (tokenizer, data, supervised warm start)
     magic.local       the one-machine launcher (`magic local`)
 """
-
-__version__ = "0.1.0"

@@ -22,30 +22,57 @@ Heavy libraries are imported only by the subcommand that needs them.
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import sys
 
 SERVICES = ("controller", "rollout", "reward", "learner")
-TERMINAL = ("finished", "failed", "stopped")
 
-# CLI flag -> StageConfig field (the paper's symbol, as the API accepts it)
-STAGE_FLAGS: list[tuple[str, str, type, str]] = [
-    ("--name", "name", str, "stage label"),
-    ("--steps", "steps", int, "end condition: most on-policy steps of the stage"),
-    ("--T", "T", int, "T: context length (max response tokens)"),
-    ("--D_R", "D_R", int, "D_R: prompts per on-policy step"),
-    ("--D_T", "D_T", int, "D_T: prompts per SGD mini-batch (default D_R)"),
-    ("--N_reuse", "N_reuse", int, "N_reuse: passes over each rollout batch"),
-    ("--gs", "gs", int, "gs: samples per prompt (group size)"),
-    ("--tau", "tau", float, "tau: sampling temperature"),
-    ("--lr", "lr", float, "learning rate"),
-    ("--clip-low", "clip_low", float, "eps_low: ratio clipped below at 1 - clip_low"),
-    ("--clip-high", "clip_high", float, "eps_high: ratio clipped above at 1 + clip_high"),
-    ("--tgt-ent", "tgt_ent", float, "tgt_ent: target entropy of adaptive entropy control"),
-    ("--delta", "Delta", float, "Delta: step of the adaptive entropy coefficient"),
-    ("--beta", "beta", float, "beta: k3 KL coefficient"),
-    ("--advantage-mask", "advantage_mask", str, "advantage mask for truncated responses: none, before, after"),
-]
+
+class Exit(enum.IntEnum):
+    """Exit statuses of `magic`; each member's meaning is `EXIT_MEANING[member]` (shown by `magic --help`)."""
+
+    ok = 0
+    failed = 1
+    usage = 2
+    auth = 3
+    not_found = 4
+    conflict = 5
+    unreachable = 6
+    interrupted = 130
+
+
+EXIT_MEANING = {
+    Exit.ok: "success",
+    Exit.failed: "the run failed (magic status), a service died (magic local), or the controller had a server error",
+    Exit.usage: "bad flags or file, or a request the controller rejected as invalid (HTTP 400, 422)",
+    Exit.auth: "the controller refused the token, or none was sent (HTTP 401, 403)",
+    Exit.not_found: "no such run or dataset (HTTP 404)",
+    Exit.conflict: "the request conflicts with the run's state: ended run, existing name, busy (HTTP 409)",
+    Exit.unreachable: "no answer from the controller: connection refused, unknown host, timeout",
+    Exit.interrupted: "interrupted (Ctrl-C)",
+}
+
+
+def exit_for_status(status: int | None) -> Exit:
+    """The exit status of a failed request: from its HTTP status, or None when nothing answered."""
+    if status is None:
+        return Exit.unreachable
+    return {400: Exit.usage, 422: Exit.usage, 401: Exit.auth, 403: Exit.auth, 404: Exit.not_found, 409: Exit.conflict}.get(status, Exit.failed)
+
+
+def exit_codes_help() -> str:
+    return "exit status:\n" + "\n".join(f"  {e.value:<4d}{EXIT_MEANING[e]}" for e in Exit)
+
+
+def _version() -> str:
+    """The installed distribution's version (declared once, in pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("magic-rl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _add_api_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +80,7 @@ def _add_api_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="API token (default: $MAGIC_API_TOKEN)")
 
 
-def _load_file(path: str) -> dict:
+def load_file(path: str) -> dict:
     """A JSON (or, with PyYAML installed, YAML) document."""
     text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     if path.endswith((".yaml", ".yml")):
@@ -64,8 +91,16 @@ def _load_file(path: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="magic", description="MAGIC: multi-stage GRPO with adaptive entropy control")
+    parser = argparse.ArgumentParser(
+        prog="magic",
+        description="MAGIC: multi-stage GRPO with adaptive entropy control. Start with `magic local`.",
+        epilog=exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"magic {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    from magic.common.config import StageConfig
+    from magic.common.flags import add_model_flags
 
     serve = sub.add_parser("serve", help="run one service")
     serve.add_argument("service", choices=SERVICES)
@@ -109,9 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     start = stage_sub.add_parser("start", help="append a stage (starts when the current stage ends, or now if the run waits)")
     start.add_argument("run")
     start.add_argument("-f", "--file", help="stage config file (JSON/YAML); flags override its fields")
-    for flag, field, kind, help_text in STAGE_FLAGS:
-        start.add_argument(flag, dest=f"stage_{field}", type=kind, default=None, metavar=field.upper(), help=help_text)
-    start.add_argument("--plateau", default=None, metavar="METRIC:WINDOW:MIN_DELTA", help="end condition: end early once METRIC stops improving")
+    fields = start.add_argument_group("stage settings (StageConfig; a flag left out keeps the file's value or the schema's default)")
+    add_model_flags(fields, StageConfig, "stage")
+    fields.add_argument(
+        "--plateau", default=None, metavar="METRIC[:WINDOW[:MIN_DELTA]]",
+        help="end condition: end the stage early once METRIC stops improving (PlateauRule; parts left out keep its defaults)",
+    )
     _add_api_arguments(start)
 
     plan = sub.add_parser("plan", help="submit a whole stage plan")
@@ -140,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         from magic.demo.prepare import prepare
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-        prepare(args.out, force=args.force)
+        prepare(args.out, force=args.force, progress=True)
         return 0
     if args.command == "local":
         from magic.local.launcher import launch
@@ -172,12 +210,12 @@ def api_command(args: argparse.Namespace) -> int:
             return _dispatch(client, args)
     except ClientError as exc:
         print(f"magic: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:  # unreadable or malformed spec file
+        return exit_for_status(exc.status)
+    except (OSError, ValueError) as exc:  # unreadable or malformed spec file or flag value
         print(f"magic: {exc}", file=sys.stderr)
-        return 2
+        return Exit.usage
     except KeyboardInterrupt:
-        return 130
+        return Exit.interrupted
 
 
 def _dispatch(client, args: argparse.Namespace) -> int:
@@ -189,7 +227,7 @@ def _dispatch(client, args: argparse.Namespace) -> int:
         for d in client.datasets():
             print(f"{d['name']:24s} {d['records']:8d} records  {d['path']}")
     elif cmd == "run" and action == "create":
-        view = client.create_run(_load_file(args.file))
+        view = client.create_run(load_file(args.file))
         print(f"run {view['name']} created: {len(view['spec']['stages'])} stages, up to {view['total_steps']} steps; status {view['status']}")
     elif cmd == "run" and action == "list":
         for r in client.runs():
@@ -200,22 +238,49 @@ def _dispatch(client, args: argparse.Namespace) -> int:
         view = client.action(args.run, action)
         print(f"run {view['name']}: {view['status']}" + (f" (requested: {', '.join(view['requested'])})" if view["requested"] else ""))
     elif cmd == "stage":
-        stage = _load_file(args.file) if args.file else {}
-        stage.update({field: v for _, field, _, _ in STAGE_FLAGS if (v := getattr(args, f"stage_{field}")) is not None})
+        from magic.common.config import StageConfig
+        from magic.common.flags import merge, model_overrides
+
+        stage = load_file(args.file) if args.file else {}
+        if not isinstance(stage, dict):
+            raise ValueError(f"{args.file}: a stage file holds one JSON/YAML object (StageConfig)")
+        stage = merge(StageConfig, stage, model_overrides(args, StageConfig, "stage"))
         if args.plateau:
-            metric, window, min_delta = (args.plateau.split(":") + ["", ""])[:3]
-            stage["plateau"] = {"metric": metric or "accuracy_all", **({"window": int(window)} if window else {}), **({"min_delta": float(min_delta)} if min_delta else {})}
+            stage["plateau"] = parse_plateau(args.plateau)
         view = client.start_stage(args.run, stage)
         added = view["spec"]["stages"][-1]
         print(f"run {view['name']}: stage {added['name']!r} appended (T={added['context_length']}, D_R={added['rollout_batch_size']}, gs={added['group_size']}); status {view['status']}")
     elif cmd == "plan":
-        doc = _load_file(args.file)
-        stages, end = (doc, "finish") if isinstance(doc, list) else (doc.get("stages", []), doc.get("on_plan_end", "finish"))
+        doc = load_file(args.file)
+        if not isinstance(doc, (list, dict)):
+            raise ValueError(f"{args.file}: a plan file holds a list of stages or {{\"stages\": [...], \"on_plan_end\": ...}}")
+        stages, end = (doc, None) if isinstance(doc, list) else (doc.get("stages", []), doc.get("on_plan_end"))
         view = client.submit_plan(args.run, stages, end)
         print(f"run {view['name']}: plan of {len(view['spec']['stages'])} stages; status {view['status']}")
     elif cmd == "status":
         return _status(client, args)
     return 0
+
+
+def parse_plateau(text: str) -> dict:
+    """`METRIC[:WINDOW[:MIN_DELTA]]` as a PlateauRule dict; empty parts keep PlateauRule's defaults.
+
+    >>> parse_plateau("reward_mean:5")
+    {'metric': 'reward_mean', 'window': 5}
+    >>> parse_plateau("::0.02")
+    {'min_delta': 0.02}
+    """
+    parts = text.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"--plateau {text!r}: expected METRIC[:WINDOW[:MIN_DELTA]]")
+    rule: dict = {}
+    for key, kind, part in zip(("metric", "window", "min_delta"), (str, int, float), parts):
+        if part:
+            try:
+                rule[key] = kind(part)
+            except ValueError:
+                raise ValueError(f"--plateau {text!r}: {key} must be {kind.__name__}, got {part!r}") from None
+    return rule
 
 
 def render_status(view: dict) -> str:
@@ -246,6 +311,8 @@ def render_status(view: dict) -> str:
 def _status(client, args: argparse.Namespace) -> int:
     import time
 
+    from magic.controller.store import TERMINAL, RunStatus
+
     tty = sys.stdout.isatty()
     while True:
         view = client.run(args.run)
@@ -255,8 +322,8 @@ def _status(client, args: argparse.Namespace) -> int:
             if args.watch and tty:
                 print("\033[H\033[J", end="")
             print(render_status(view), flush=True)
-        if not args.watch or view["status"] in TERMINAL:
-            return 1 if view["status"] == "failed" else 0
+        if not args.watch or RunStatus(view["status"]) in TERMINAL:
+            return Exit.failed if view["status"] == RunStatus.failed else Exit.ok
         time.sleep(args.interval)
 
 

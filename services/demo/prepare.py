@@ -88,8 +88,8 @@ def build_model(out: Path, seed: int = 0, **shape):
     return model, tokenizer
 
 
-def prepare(out: str | Path = ".magic/demo", force: bool = False, sft: SFTConfig | None = None) -> DemoPaths:
-    """Build (or reuse) the demo model and data under `out`."""
+def prepare(out: str | Path = ".magic/demo", force: bool = False, sft: SFTConfig | None = None, progress: bool = False) -> DemoPaths:
+    """Build (or reuse) the demo model and data under `out`; `progress` shows the warm start's progress bar."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -109,7 +109,7 @@ def prepare(out: str | Path = ".magic/demo", force: bool = False, sft: SFTConfig
 
     model, tokenizer = build_model(paths.model, seed=sft.seed)
     log.info("supervised warm start: %d parameters, %d steps", sum(p.numel() for p in model.parameters()), sft.steps)
-    figures = train(model, tokenizer, splits["sft"], sft)
+    figures = train(model, tokenizer, splits["sft"], sft, progress=progress)
     model.save_pretrained(str(paths.model))
     paths.marker.write_text(json.dumps({"fingerprint": fp, **figures}, indent=1))
     log.info("demo ready in %s (warm start took %.0fs)", paths.root, figures["sft_seconds"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -49,18 +50,26 @@ def demonstration(terms: list[int], rng: random.Random, cfg: SFTConfig) -> str:
     return f"\\boxed{{{max(guess, 0)}}}"
 
 
-def train(model, tokenizer, problems: list[list[int]], cfg: SFTConfig) -> dict[str, float]:
-    """Fine-tune `model` in place on demonstrations for `problems`; returns summary figures."""
+def train(model, tokenizer, problems: list[list[int]], cfg: SFTConfig, progress: bool = False) -> dict[str, float]:
+    """Fine-tune `model` in place on demonstrations for `problems`; returns summary figures.
+    `progress` shows a progress bar with the loss and an ETA on stdout."""
+    from tqdm import tqdm
+
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
+    prompts: dict[tuple[int, ...], list[int]] = {}  # each problem's chat-formatted prompt, rendered once
+    replies: dict[str, list[int]] = {}
 
     def example(terms: list[int]) -> tuple[list[int], int]:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt_text(terms)}], tokenize=True, add_generation_prompt=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        reply = tokenizer(demonstration(terms, rng, cfg), add_special_tokens=False)["input_ids"] + [eos]
-        return prompt + reply, len(prompt)
+        key = tuple(terms)
+        if key not in prompts:
+            prompts[key] = modeling.render_prompt(tokenizer, [{"role": "user", "content": task.prompt_text(terms)}])
+        text = demonstration(terms, rng, cfg)
+        if text not in replies:
+            replies[text] = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        return prompts[key] + replies[text], len(prompts[key])
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
@@ -72,6 +81,7 @@ def train(model, tokenizer, problems: list[list[int]], cfg: SFTConfig) -> dict[s
     model.train()
     t0 = time.perf_counter()
     loss_value = float("nan")
+    bar = tqdm(total=cfg.steps, desc="warm start", unit="step", disable=not progress, file=sys.stdout, dynamic_ncols=True, mininterval=1.0)
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -97,7 +107,11 @@ def train(model, tokenizer, problems: list[list[int]], cfg: SFTConfig) -> dict[s
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_value = total
-        if (step + 1) % 100 == 0:
+        bar.update(1)
+        if (step + 1) % 10 == 0:
+            bar.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
+        if not progress and (step + 1) % 100 == 0:
             log.info("sft step %d/%d loss %.4f (%.0fs)", step + 1, cfg.steps, loss_value, time.perf_counter() - t0)
+    bar.close()
     model.eval()
     return {"sft_seconds": time.perf_counter() - t0, "sft_final_loss": loss_value}

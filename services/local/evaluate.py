@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magic.common.config import RewardSettings
+from magic.reward.settings import RewardSettings
 from magic.controller.datasets import PromptRecord
 from magic.common.pb import messages_pb2 as pb
 from magic.reward.scoring import Sample, Scorer

@@ -10,7 +10,8 @@ How it departs from the paper: a 0.8M-parameter model and a synthetic arithmetic
 a distilled 7B-32B model on math/code; short stages (tens of steps) instead of hundreds.
 
     magic local                      # defaults: 16 + 24 steps, T = 72 then 96
-    magic local --help
+    magic local --steps 120          # a longer run; --stages plan.json for your own plan
+    magic local --help               # the knobs (steps, stages, engine, output dir) first
 
 If any service dies, everything is stopped and the command exits non-zero with that service's
 log tail.
@@ -45,43 +46,93 @@ def _line(r: dict) -> str:
 DATASET = "chain-sum"
 
 
-def build_spec(args: argparse.Namespace, demo) -> dict:
-    common = {
-        "rollout_batch_size": args.rollout_batch_size, "group_size": args.group_size, "temperature": args.temperature, "lr": args.lr,
-        "entropy": {"adaptive": True, "target": args.tgt_ent},
-    }
+def build_spec(args: argparse.Namespace, demo, stages: list) -> dict:
+    """The run: the demo model and data, and `stages` (validated StageConfigs)."""
     return {
         "name": args.run_name,
         "model": str(demo.model.resolve()),
         "datasets": [DATASET],
         "seed": args.seed,
-        "stages": [
-            {"name": "stage1", "steps": args.stage1_steps, "context_length": args.T1, **common},
-            {"name": "stage2", "steps": args.stage2_steps, "context_length": args.T2, **common},
-        ],
+        "stages": [s.model_dump(mode="json") for s in stages],
     }
 
 
+def engine_env(engine: str) -> dict[str, str]:
+    """Rollout settings for `--engine`: with vllm, each rollout process starts its own vLLM server."""
+    if engine == "vllm":
+        return {"MAGIC_ENGINE": "vllm", "MAGIC_VLLM_LAUNCH": "true"}
+    return {"MAGIC_ENGINE": "torch"}
+
+
+def transport_env(transport: str) -> dict[str, str]:
+    """Learner and rollout settings for `--transport` (the same value for both, as they must agree)."""
+    from magic.local.redis_server import free_port
+
+    if transport == "http":
+        port = free_port()
+        config = {"type": "http", "host": "127.0.0.1", "port": port, "advertise_url": f"http://127.0.0.1:{port}"}
+    else:
+        config = {"type": "filesystem"}
+    return {"MAGIC_WEIGHT_TRANSPORT": json.dumps(config)}
+
+
+def ensure_vllm_venv() -> None:
+    """Create the vLLM virtualenv with `make vllm-venv` on first use (a few minutes, once)."""
+    import subprocess
+
+    from magic.common.config import RolloutSettings
+    from magic.rollout.vllm_server import default_python
+
+    if RolloutSettings().vllm_python is not None:  # MAGIC_VLLM_PYTHON
+        return  # the rollout service checks it when it starts the server
+    python = default_python()
+    if python.exists() and (python.parents[1] / ".installed").exists():
+        return
+    repo = python.parents[2]
+    if not (repo / "Makefile").exists():
+        raise LaunchError(f"no vLLM virtualenv at {python.parents[1]} and no Makefile at {repo} to create it: set MAGIC_VLLM_PYTHON")
+    print(f"[0/5] creating the vLLM virtualenv {python.parents[1]} (`make vllm-venv`, once: about 2-5 minutes) ...", flush=True)
+    if subprocess.run(["make", "-C", str(repo), "vllm-venv"]).returncode != 0:
+        raise LaunchError("`make vllm-venv` failed; see its output above")
+
+
 def launch(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from magic.cli import Exit
+    from magic.common.config import StageConfig
+    from magic.local.options import stage_plan
+
+    try:  # before the warm start: a typo in a flag or plan file costs nothing
+        stages = [StageConfig(**s) for s in stage_plan(args)]
+    except (OSError, ValueError, ValidationError) as exc:
+        print(f"magic local: invalid stage plan: {exc}", file=sys.stderr)
+        return Exit.usage
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from magic.demo.prepare import prepare
     from magic.demo.sft import SFTConfig
 
     t_start = time.time()
+    if args.engine == "vllm":
+        try:
+            ensure_vllm_venv()
+        except LaunchError as exc:
+            print(f"\nmagic local failed: {exc}", file=sys.stderr, flush=True)
+            return Exit.failed
     print("[1/5] preparing the tiny model and data (cached after the first run) ...", flush=True)
-    demo = prepare(args.demo_dir, sft=SFTConfig(steps=args.sft_steps) if args.sft_steps else None)
+    demo = prepare(args.demo_dir, sft=SFTConfig(steps=args.sft_steps) if args.sft_steps else None, progress=True)
     out = Path(args.out).resolve()
     from magic.controller.client import ClientError
 
     try:
-        return _run(args, demo, out, t_start)
+        return _run(args, demo, stages, out, t_start)
     except (LaunchError, ClientError) as exc:
         print(f"\nmagic local failed: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return Exit.failed
 
 
-def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
+def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float) -> int:
     import secrets
 
     import torch
@@ -100,23 +151,25 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
     redis_server = RedisServer().start()
     api_port = free_port()
     base_env = {"MAGIC_REDIS_URL": redis_server.url, "MAGIC_DATA_DIR": str(out / "data"), "MAGIC_LOG_LEVEL": "INFO"}
+    base_env |= transport_env(args.transport)
+    rollout_env = {"MAGIC_TORCH_THREADS": "2"} | engine_env(args.engine)
     sup = Supervisor(out / "logs", base_env)
     token = secrets.token_urlsafe(24)  # the API is on loopback, but mutating calls still need it
     try:
         sup.start("controller", "magic.controller", {"MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
         sup.start("learner", "magic.learner", {"MAGIC_TORCH_THREADS": "2"})
         for i in range(args.rollout_workers):
-            sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_TORCH_THREADS": "2"})
+            sup.start(f"rollout-{i}", "magic.rollout", rollout_env)
         for i in range(args.reward_workers):
             sup.start(f"reward-{i}", "magic.reward", {"MAGIC_TORCH_THREADS": "1"})
         api = ControllerClient(f"http://127.0.0.1:{api_port}", token, timeout=30)
         _wait_ready(api, sup)
 
-        spec = build_spec(args, demo)
-        eval_kwargs = dict(samples_per_prompt=args.eval_samples, temperature=args.temperature, max_tokens=max(args.T1, args.T2))
+        spec = build_spec(args, demo, stages)
+        eval_kwargs = dict(samples_per_prompt=args.eval_samples, temperature=stages[0].temperature, max_tokens=max(s.context_length for s in stages))
         before = None
         if not args.no_eval:
-            print(f"[3/5] held-out accuracy of the warm start (avg@{args.eval_samples}, tau={args.temperature}) ...", flush=True)
+            print(f"[3/5] held-out accuracy of the warm start (avg@{args.eval_samples}, tau={stages[0].temperature}) ...", flush=True)
             before = _evaluate(demo, None, args.eval_prompts, eval_kwargs)
             print(f"      before RL: accuracy {before.accuracy:.1%}  (truncated {before.truncated:.1%}, length {before.response_length:.1f})", flush=True)
 
@@ -126,6 +179,10 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
         except ClientError as exc:
             raise LaunchError(f"the controller refused the run: {exc}") from None
         print(f"[4/5] training: {total} on-policy steps over {len(spec['stages'])} stages", flush=True)
+        token_file = out / "api-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        print(f"      watch it from another shell: MAGIC_API_TOKEN=$(cat {token_file}) magic status {args.run_name} --url http://127.0.0.1:{api_port} --watch", flush=True)
         records = _follow(api, sup, args.run_name, total, args.timeout)
 
         after = None
@@ -150,6 +207,8 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
         "heldout_accuracy_before": before.accuracy if before else None,
         "heldout_accuracy_after": after.accuracy if after else None,
         "version_mismatches": mismatches,
+        "engine": args.engine,
+        "transport": args.transport,
         "wall_seconds": time.time() - t_start,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -158,7 +217,18 @@ def _run(args: argparse.Namespace, demo, out: Path, t_start: float) -> int:
     if before and after:
         print(f"held-out accuracy: {before.accuracy:.1%} -> {after.accuracy:.1%} ({100 * (after.accuracy - before.accuracy):+.1f} points)")
     print(f"metrics: {metrics_path}\nplot:    {plot}\nlogs:    {out / 'logs'}\nwall time: {summary['wall_seconds']:.0f}s")
+    print("\n" + next_commands(out, plot, summary["steps"]))
     return 0
+
+
+def next_commands(out: Path, plot: Path, steps: int) -> str:
+    """The three commands a user tries next: the run's status, the plot, a longer plan."""
+    return "\n".join([
+        "next:",
+        f"  cat {out / 'summary.json'}    # the run's status at its end (while a run goes: the `magic status` line printed at [4/5])",
+        f"  xdg-open {plot}    # the curves: reward, accuracy, entropy, truncation per step (open on macOS)",
+        f"  magic local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages (magic local --help)",
+    ])
 
 
 def _wait_ready(api, sup, timeout: float = 120.0) -> None:
@@ -181,6 +251,8 @@ def _follow(api, sup, run: str, total: int, timeout: float) -> list[dict]:
     """Show progress until the run ends; return its step records."""
     from tqdm import tqdm
 
+    from magic.controller.store import TERMINAL, RunStatus
+
     records: list[dict] = []
     deadline = time.monotonic() + timeout
     with tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stdout) as bar:
@@ -192,9 +264,9 @@ def _follow(api, sup, run: str, total: int, timeout: float) -> list[dict]:
                 bar.write(_line(r))
                 bar.update(1)
             status = api.run(run)
-            if status["status"] == "failed":
+            if status["status"] == RunStatus.failed:
                 raise LaunchError(f"run failed: {status.get('error')}")
-            if status["status"] in ("finished", "stopped") and len(records) >= status["step"]:
+            if RunStatus(status["status"]) in TERMINAL and len(records) >= status["step"]:
                 return records
             if time.monotonic() > deadline:
                 raise LaunchError(f"the run did not finish within {timeout:.0f}s")

@@ -6,7 +6,10 @@ from pathlib import Path
 
 
 def plot_run(records: list[dict], out: Path, eval_before: float | None = None, eval_after: float | None = None) -> Path:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # not in the service images: an extra of the package
+        raise ImportError("the run's plot needs matplotlib: pip install 'magic-rl[local]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,7 +1,9 @@
 """A private redis-server on a free loopback port, for local runs and tests.
 
 It keeps nothing on disk (no RDB snapshots, no AOF) and lives in its own temporary directory;
-`stop()` shuts it down and removes the directory.
+`stop()` shuts it down and removes the directory. Like the chart's Redis it runs with
+`maxmemory` and `maxmemory-policy noeviction`: when full it refuses writes (the services retry
+them, `magic.common.refusals`) instead of growing until the machine runs out of memory.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DEFAULT_MAXMEMORY = "2gb"
+"""Local runs move a few MB a step; a run at the paper's shape needs ≈ 1 GB (README, "At scale")."""
+
+
 class RedisServer:
-    def __init__(self, executable: str = "redis-server"):
+    def __init__(self, executable: str = "redis-server", maxmemory: str = DEFAULT_MAXMEMORY):
         path = shutil.which(executable)
         if path is None:
             raise RuntimeError(f"{executable} not found on PATH; install Redis (Debian: apt-get install redis-server)")
         self.executable = path
+        self.maxmemory = maxmemory
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -42,7 +49,8 @@ class RedisServer:
             self.port = free_port()
             self.proc = subprocess.Popen(
                 [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"), "--protected-mode", "yes"],
+                 "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"), "--protected-mode", "yes",
+                 "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

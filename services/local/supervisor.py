@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from magic.common import logs
+
 
 @dataclass
 class Service:
@@ -23,11 +25,7 @@ class Service:
     log_path: Path
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return logs.tail(self.log_path, lines)
 
 
 class Supervisor:

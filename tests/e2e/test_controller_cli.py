@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from magic.cli import Exit
 from magic.common import keys
 from magic.common.bus import Stream
 from magic.common.pb import messages_pb2 as pb
@@ -83,7 +84,7 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
     sup = Supervisor(tmp_path / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp_path / "data"), "MAGIC_TORCH_THREADS": "1"})
     cli_env = {**os.environ, "MAGIC_CONTROLLER_URL": url, "MAGIC_API_TOKEN": TOKEN}
     try:
-        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_API_TOKEN": TOKEN})
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_TRIM_STREAMS": "false", "MAGIC_API_TOKEN": TOKEN, "MAGIC_READ_REQUIRES_TOKEN": "true"})
         sup.start("learner", "magic.learner")
         sup.start("rollout-0", "magic.rollout")
         sup.start("reward-0", "magic.reward")
@@ -91,11 +92,14 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
 
         # helpful errors: no token, a wrong token, no controller
         no_token = magic("dataset", "register", "chain", str(data), env={**cli_env, "MAGIC_API_TOKEN": ""}, ok=False)
-        assert no_token.returncode == 1 and "no token was sent" in no_token.stderr and "MAGIC_API_TOKEN" in no_token.stderr
+        assert no_token.returncode == Exit.auth and "no token was sent" in no_token.stderr and "MAGIC_API_TOKEN" in no_token.stderr
         wrong = magic("run", "list", "--url", f"http://127.0.0.1:{free_port()}", env=cli_env, ok=False)
-        assert wrong.returncode == 1 and "cannot reach the controller" in wrong.stderr and "MAGIC_CONTROLLER_URL" in wrong.stderr
+        assert wrong.returncode == Exit.unreachable and "cannot reach the controller" in wrong.stderr and "MAGIC_CONTROLLER_URL" in wrong.stderr
         bad = magic("dataset", "register", "chain", str(data), "--token", "wrong", env=cli_env, ok=False)
-        assert bad.returncode == 1 and "the token was refused" in bad.stderr
+        assert bad.returncode == Exit.auth and "the token was refused" in bad.stderr
+        unread = magic("run", "list", env={**cli_env, "MAGIC_API_TOKEN": ""}, ok=False)  # reads need the token too here
+        assert unread.returncode == Exit.auth and "no token was sent" in unread.stderr
+        assert magic("run", "get", "nope", env=cli_env, ok=False).returncode == Exit.not_found
 
         out = magic("dataset", "register", "chain", str(data), env=cli_env).stdout
         assert "8 records" in out
@@ -103,9 +107,11 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
         spec.write_text(json.dumps({"name": "cli", "model": str(model), "datasets": ["chain"]}))
         assert "status" in magic("run", "create", "-f", str(spec), env=cli_env).stdout
         invalid = magic("stage", "start", "cli", "--name", "s1", "--steps", "1", "--T", "16", "--D_R", "8", "--D_T", "3", "--gs", "4", env=cli_env, ok=False)
-        assert invalid.returncode == 1 and "D_T" in invalid.stderr and "not divisible" in invalid.stderr
+        assert invalid.returncode == Exit.usage and "D_T" in invalid.stderr and "not divisible" in invalid.stderr
         # stage 1: every prompt once, short T; stage 2 (a plan that finishes the run): longer T
         magic("stage", "start", "cli", "--name", "s1", "--steps", "1", "--T", "16", "--D_R", "8", "--gs", "4", "--tau", "0.5", "--lr", "1e-5", env=cli_env)
+        again = magic("stage", "start", "cli", "--name", "s1", "--steps", "1", "--T", "16", "--D_R", "8", "--gs", "4", env=cli_env, ok=False)
+        assert again.returncode == Exit.conflict and "s1" in again.stderr
         plan = tmp_path / "plan.json"
         plan.write_text(json.dumps({"stages": [{"name": "s2", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "tau": 0.5, "lr": 1e-5}], "on_plan_end": "finish"}))
         magic("plan", "submit", "cli", "-f", str(plan), env=cli_env)
@@ -120,7 +126,9 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
         assert len(stage1) == 8
         solved = {g.rollout.prompt.prompt_uid for g in stage1 if all(s.correctness == 1.0 for s in g.scores)}
         assert solved and solved <= {f"chain:{i + 1}" for i in range(len(EASY))}, solved  # the easy ones, in every sample
-        dropped = set(httpx.get(f"{url}/v1/runs/cli/pass-rates").json()["dropped"])
+        assert httpx.get(f"{url}/v1/runs/cli/pass-rates").status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        dropped = set(httpx.get(f"{url}/v1/runs/cli/pass-rates", headers=auth).json()["dropped"])
         assert dropped == solved
         s1, s2 = view["stages"]
         assert (s1["start_step"], s1["end_step"], s1["end_reason"], s1["prompts"]) == (0, 1, "steps", 8)
@@ -128,7 +136,7 @@ def test_cli_drives_a_two_stage_plan_with_online_filtering(tmp_path):
         assert view["filtering"]["dropped_online"] == len(solved)
         stage2_prompts = {g.prompt_uid for _, g in Stream(r, k.prompts).read_after("0", pb.PromptGroup, count=1000) if g.stage == 1}
         assert stage2_prompts and not stage2_prompts & solved
-        records = httpx.get(f"{url}/v1/runs/cli/metrics").json()
+        records = httpx.get(f"{url}/v1/runs/cli/metrics", headers=auth).json()
         assert [x["context_length"] for x in records] == [16, 24, 24]
     finally:
         sup.stop_all()

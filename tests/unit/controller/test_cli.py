@@ -1,12 +1,77 @@
 """The CLI's parsing and rendering, and the client's error messages (no controller needed)."""
 
-from magic.cli import build_parser, render_status
+import pytest
+
+from magic.cli import EXIT_MEANING, Exit, build_parser, exit_for_status, main, parse_plateau, render_status
+from magic.common.config import EntropyControl, PlateauRule, StageConfig
+from magic.common.flags import merge, model_overrides
 from magic.controller.client import ControllerClient, format_detail
 
 
 def test_stage_flags_use_the_paper_names():
     args = build_parser().parse_args(["stage", "start", "r", "--T", "8192", "--D_R", "64", "--gs", "16", "--tgt-ent", "0.2", "--delta", "0.005"])
-    assert (args.stage_T, args.stage_D_R, args.stage_gs, args.stage_tgt_ent, args.stage_Delta) == (8192, 64, 16, 0.2, 0.005)
+    stage = model_overrides(args, StageConfig, "stage")
+    assert stage == {"context_length": 8192, "rollout_batch_size": 64, "group_size": 16, "entropy": {"target": 0.2, "delta": 0.005}}
+
+
+def test_every_scalar_stage_field_has_a_flag_with_its_docstring():
+    """Flags are generated from StageConfig: a field added to the schema gets one without a CLI change."""
+    stage = build_parser()._subparsers._group_actions[0].choices["stage"]
+    start = stage._subparsers._group_actions[0].choices["start"]
+    dests = {a.dest: a for a in start._actions}
+    for name, field in StageConfig.model_fields.items():
+        if name in ("plateau", "penalties"):  # optional nested models come from a file (magic.common.flags)
+            continue
+        if name == "entropy":
+            for sub, sub_field in EntropyControl.model_fields.items():
+                assert sub_field.description.split()[0] in dests[f"stage__entropy__{sub}"].help
+            continue
+        assert field.description.split()[0] in dests[f"stage__{name}"].help, name
+
+
+def test_flags_override_a_file_field_by_field_in_any_spelling():
+    base = {"name": "s", "steps": 4, "T": 64, "D_R": 8, "gs": 4, "tgt_ent": 0.3, "entropy": {"delta": 0.01}}
+    args = build_parser().parse_args(["stage", "start", "r", "--context-length", "128", "--tgt-ent", "0.1", "--no-online-filter"])
+    stage = StageConfig(**merge(StageConfig, base, model_overrides(args, StageConfig, "stage")))
+    assert (stage.context_length, stage.entropy.target, stage.entropy.delta, stage.online_filter) == (128, 0.1, 0.01, False)
+    assert (stage.rollout_batch_size, stage.group_size) == (8, 4)
+
+
+def test_left_out_flags_keep_the_schema_defaults():
+    args = build_parser().parse_args(["stage", "start", "r", "--steps", "3", "--T", "8", "--D_R", "2", "--gs", "2"])
+    stage = StageConfig(**model_overrides(args, StageConfig, "stage"))
+    assert stage == StageConfig(steps=3, context_length=8, rollout_batch_size=2, group_size=2)
+
+
+def test_plateau_parts_left_out_keep_the_rule_defaults():
+    assert parse_plateau("reward_mean") == {"metric": "reward_mean"}
+    assert PlateauRule(**parse_plateau(":3:0.5")) == PlateauRule(window=3, min_delta=0.5)
+    with pytest.raises(ValueError, match="window must be int"):
+        parse_plateau("reward_mean:x")
+
+
+@pytest.mark.parametrize(
+    "status, code",
+    [(None, Exit.unreachable), (400, Exit.usage), (422, Exit.usage), (401, Exit.auth), (403, Exit.auth), (404, Exit.not_found), (409, Exit.conflict), (500, Exit.failed)],
+)
+def test_each_failure_class_has_its_exit_status(status, code):
+    assert exit_for_status(status) == code
+
+
+def test_exit_statuses_are_distinct_and_documented(capsys):
+    assert len({e.value for e in Exit}) == len(Exit) and set(EXIT_MEANING) == set(Exit)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"  {e.value:<4d}{EXIT_MEANING[e]}" in text for e in Exit)
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"magic {version('magic-rl')}"
 
 
 def test_validation_errors_are_shown_field_by_field():
@@ -15,8 +80,6 @@ def test_validation_errors_are_shown_field_by_field():
 
 
 def test_unreachable_controller_is_explained(monkeypatch):
-    import pytest
-
     from magic.controller.client import ClientError
     from magic.local.redis_server import free_port
 
