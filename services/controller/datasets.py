@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from magic.common import keys
 from magic.common.config import DatasetSpec
+from magic.common.pb import messages_pb2 as pb
 
 
 class DatasetError(ValueError):
@@ -244,3 +245,45 @@ class PromptSource:
         for p in range(position, position + count):
             out.append(self.records[self._order(p // n)[p % n]])
         return out
+
+
+def load_pool(registry: DatasetRegistry, names: list[str]) -> list[PromptRecord]:
+    """The records of a run's datasets, each uid once, in dataset order."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        for rec in registry.load(name):
+            if rec.uid not in seen:
+                seen.add(rec.uid)
+                out.append(rec)
+    return out
+
+
+# -- records as prompt groups --------------------------------------------------------------------
+
+
+def group_seed(run_seed: int, step: int, index: int) -> int:
+    """The sampling seed of group `index` of step `step` (-1: estimation), fixed by the run's seed."""
+    digest = hashlib.sha256(f"{run_seed}:{step}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def prompt_group(run_id: str, rec: PromptRecord, group_id: str, k: int, stage_index: int, kind: int, sampling: pb.SamplingParams) -> pb.PromptGroup:
+    """The PromptGroup that asks for `sampling.n` samples of `rec` with policy version k."""
+    group = pb.PromptGroup(
+        run_id=run_id,
+        group_id=group_id,
+        step=k,
+        policy_version=k,
+        stage=max(stage_index, 0),
+        data_source=rec.data_source,
+        ground_truth=rec.ground_truth,
+        extra_info_json=json.dumps(rec.extra_info) if rec.extra_info else "",
+        prompt_uid=rec.uid,
+        sampling=sampling,
+        published_at=time.time(),
+        kind=kind,
+    )
+    for role, content in rec.messages:
+        group.messages.add(role=role, content=content)
+    return group

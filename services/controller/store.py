@@ -43,6 +43,10 @@ class Phase(str, Enum):
     sync = "sync"  # learner published k+1; waiting for rollout workers to load it
 
 
+class RunFailed(RuntimeError):
+    """The run cannot go on; the message is shown in its status."""
+
+
 class RunExists(Exception):
     pass
 
@@ -158,6 +162,42 @@ class RunStore:
     def stage_records(self, run_id: str) -> list[dict]:
         return [json.loads(x) for x in self.r.lrange(keys.RunKeys(run_id).stages, 0, -1)]
 
+    def close_stage(self, run_id: str, index: int, k: int, reason: str | None) -> None:
+        """Record that stage `index` ended before step k (`reason`: "steps", "plateau" or None);
+        a stage already closed keeps its record."""
+        key = keys.RunKeys(run_id).stages
+        rec = json.loads(self.r.lindex(key, index))
+        if rec.get("end_step") is None:
+            rec.update(end_step=k, end_reason=reason)
+            self.r.lset(key, index, json.dumps(rec))
+
+    def start_stage(self, run_id: str, record: dict, prev_reason: str | None, newly_dropped: list[str]) -> None:
+        """Stage `record["index"]` starts at step `record["start_step"]`, in one transaction: the
+        prompts it drops by online filtering, the previous stage's end, its record, and the
+        state's current stage."""
+        k, index = record["start_step"], record["index"]
+        rk = keys.RunKeys(run_id)
+        pipe = self.r.pipeline(transaction=True)
+        for uid in newly_dropped:
+            pipe.hset(rk.dropped, uid, json.dumps({"from_stage": index, "reason": "solved"}))
+        if index > 0:
+            prev = json.loads(self.r.lindex(rk.stages, index - 1))
+            prev.update(end_step=k, end_reason=prev_reason)
+            pipe.lset(rk.stages, index - 1, json.dumps(prev))
+        pipe.rpush(rk.stages, json.dumps(record))
+        pipe.hset(rk.state, mapping={"stage": index, "stage_start": k})
+        pipe.execute()
+
+    def set_phase(self, pipe: redis.client.Pipeline, run_id: str, phase: Phase, stage: int) -> None:
+        """Queue on `pipe` the barrier's move to `phase` within stage `stage` (with the phase's effect)."""
+        pipe.hset(keys.RunKeys(run_id).state, mapping={"phase": phase.value, "stage": stage})
+
+    def record_step(self, pipe: redis.client.Pipeline, run_id: str, k: int, record: dict) -> None:
+        """Queue on `pipe` step k's record and the barrier's move to step k + 1 (phase publish)."""
+        rk = keys.RunKeys(run_id)
+        pipe.rpush(rk.metrics, json.dumps(record, sort_keys=True))
+        pipe.hset(rk.state, mapping={"step": k + 1, "phase": Phase.publish.value, "policy_version": k + 1})
+
     # -- filtering ---------------------------------------------------------------------------
 
     def pass_rates(self, run_id: str) -> dict[str, str]:
@@ -171,6 +211,50 @@ class RunStore:
     def estimation(self, run_id: str) -> dict[str, str] | None:
         """The difficulty estimation's progress and counts, or None if the run has none."""
         return {a.decode(): b.decode() for a, b in self.r.hgetall(keys.RunKeys(run_id).estimation).items()} or None
+
+    def solved(self, run_id: str, stage: int) -> set[str]:
+        """Prompt uids every sample of which was correct in every group of `stage` (so far)."""
+        return {u.decode() for u, v in self.r.hgetall(keys.RunKeys(run_id).solved(stage)).items() if v == b"1"}
+
+    def record_outcomes(self, run_id: str, outcomes: list[tuple[int, str, bool]]) -> None:
+        """(stage, prompt uid, every sample correct) of scored groups: a prompt stays solved in a
+        stage only while every group of it was all correct (idempotent: replays change nothing)."""
+        pipe = self.r.pipeline(transaction=False)
+        for stage, uid, all_correct in outcomes:
+            key = keys.RunKeys(run_id).solved(stage)
+            if all_correct:
+                pipe.hsetnx(key, uid, 1)
+            else:
+                pipe.hset(key, uid, 0)
+        pipe.execute()
+
+    def begin_estimation(self, run_id: str, prompts: int, samples: int) -> None:
+        rk = keys.RunKeys(run_id)
+        self.r.hsetnx(rk.estimation, "status", "running")
+        self.r.hset(rk.estimation, mapping={"prompts": prompts, "samples": samples})
+
+    def estimation_progress(self, run_id: str) -> tuple[int, int]:
+        """(prompts published, prompts whose pass rate is in) of the difficulty estimation."""
+        rk = keys.RunKeys(run_id)
+        return int(self.r.hget(rk.estimation, "published") or 0), int(self.r.hlen(rk.pass_rates))
+
+    def estimation_published(self, pipe: redis.client.Pipeline, run_id: str, published: int) -> None:
+        """Queue on `pipe` the count of prompts published for estimation (with their groups)."""
+        pipe.hset(keys.RunKeys(run_id).estimation, "published", published)
+
+    def record_pass_rate(self, run_id: str, uid: str, correct: int, n: int) -> None:
+        self.r.hset(keys.RunKeys(run_id).pass_rates, uid, f"{correct}/{n}")  # idempotent
+
+    def finish_estimation(self, run_id: str, drop: dict[str, str], summary: dict) -> None:
+        """Drop the prompts in `drop` (uid -> reason) from stage 0 on, store `summary` and move
+        the barrier to `publish`, in one transaction."""
+        rk = keys.RunKeys(run_id)
+        pipe = self.r.pipeline(transaction=True)
+        for uid, reason in drop.items():
+            pipe.hset(rk.dropped, uid, json.dumps({"from_stage": 0, "reason": reason}))
+        pipe.hset(rk.estimation, mapping={"status": "done", **summary})
+        pipe.hset(rk.state, "phase", Phase.publish.value)
+        pipe.execute()
 
     # -- metrics -----------------------------------------------------------------------------
 

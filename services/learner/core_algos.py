@@ -340,6 +340,34 @@ class EntropyController:
         gate = entropy <= target
         return (c if gate else 0.0), gate
 
+    # -- one step's decisions, for a stage's EntropyControl settings `ent` ----------------------
+
+    def current(self, ent) -> float:
+        """The coefficient this step trains with before the gate: c_k, or the constant."""
+        return self.coef if ent.adaptive else ent.coef
+
+    def gate_needs_entropy_first(self, ent) -> bool:
+        """alpha_k depends on e_k only when adaptive with c_k > 0: e_k must then be measured at
+        theta_k before the first update (with c_k = 0, alpha_k = 0 whatever the gate)."""
+        return ent.adaptive and self.coef > 0
+
+    def alpha_for(self, ent, entropy: float | None) -> tuple[float, bool | None]:
+        """alpha_k and the gate for this step; `entropy` is e_k if it was measured first, else None
+        (the gate is then decided by `finish_step` from the update pass's entropy)."""
+        if entropy is not None:
+            return self.alpha(self.coef, entropy, ent.target, ent.adaptive, ent.coef)
+        if ent.adaptive:
+            return 0.0, None
+        return ent.coef, True
+
+    def finish_step(self, ent, entropy: float, gate: bool | None) -> bool:
+        """c_{k+1} from e_k (adaptive only); returns the step's gate 1{e_k <= tgt_ent}."""
+        if gate is None:
+            gate = entropy <= ent.target if ent.adaptive else True
+        if ent.adaptive:
+            self.update(entropy, ent.target, ent.delta, ent.coef_min, ent.coef_max)
+        return bool(gate)
+
     def update(self, entropy: float, target: float, delta: float, lo: float, hi: float) -> float:
         """c_{k+1} from e_k; returns the new coefficient."""
         if entropy < target:

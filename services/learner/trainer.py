@@ -24,6 +24,8 @@ micro-batches or ranks. e_k and every metric are sums over all ranks divided by 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import shutil
@@ -71,6 +73,9 @@ class RolloutBatchStats:
     accuracy_nontruncated: float
     response_clip_ratio: float
     response_length_mean: float
+
+    def metrics(self) -> dict[str, float]:
+        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
 
 
 def batch_stats(groups: list[pb.ScoredGroup], version: int) -> RolloutBatchStats:
@@ -363,49 +368,30 @@ class Trainer:
         return out, grad_norm, num_tokens
 
     def train_step(self, groups: list[pb.ScoredGroup], version: int, stage: StageConfig) -> dict[str, float]:
-        stats = batch_stats(groups, version)
+        """One on-policy step (§3.2): rejection sampling, e_k and alpha_k (adaptive entropy
+        control), `reuse` passes over the minibatches, c_{k+1}. Returns the step's metrics."""
         kept, metrics = build_sequences(groups, version, stage)
-        ent = stage.entropy
-        metrics.update(
-            samples=float(stats.samples),
-            version_mismatch=float(stats.version_mismatch),
-            reward_mean=stats.reward_mean,
-            accuracy_all=stats.accuracy_all,
-            accuracy_nontruncated=stats.accuracy_nontruncated,
-            response_clip_ratio=stats.response_clip_ratio,
-            response_length_mean=stats.response_length_mean,
-            entropy_target=ent.target,
-            entropy_coef=self.controller.coef if ent.adaptive else ent.coef,
-            n_sgd=float(stage.n_sgd),
-        )
+        ent, entropy_control = stage.entropy, self.controller
+        metrics.update(batch_stats(groups, version).metrics(), entropy_target=ent.target, entropy_coef=entropy_control.current(ent), n_sgd=float(stage.n_sgd))
         if not kept:  # nothing to learn from: the policy and c_k stay, the version still advances
             metrics.update(loss=0.0, pg_loss=0.0, grad_norm=0.0, tokens_trained=0.0, sgd_steps=0.0, entropy_bonus_active=0.0, entropy_alpha=0.0)
             self._update_ema(stage)
             return metrics
 
-        all_seqs = [s for g in kept for s in g]
-        total_tokens = sum(s.response_len for s in all_seqs)
+        total_tokens = sum(s.response_len for g in kept for s in g)
         on_policy = stage.n_sgd == 1
-        c_k = self.controller.coef
-        need_gate_first = ent.adaptive and c_k > 0
-        use_ref = stage.kl_coef > 0
-        if use_ref:
-            self._reference_for(stage)
+        ref = self._reference_for(stage) if stage.kl_coef > 0 else None
+        minibatches = split_minibatches(kept, stage.n_minibatches, stage.minibatch_rule, stage.train_batch_size or stage.rollout_batch_size)
+
+        # e_k before any update, when the old log-probs, the reference or the gate need a pass at theta_k
         entropy_k: float | None = None
         t0 = time.perf_counter()
-        minibatches = split_minibatches(kept, stage.n_minibatches, stage.minibatch_rule, stage.train_batch_size or stage.rollout_batch_size)
-        if not on_policy or use_ref or need_gate_first:
-            ent_sum, rollout_figs = self._measure(minibatches, stage, old=not on_policy, ref=self._reference_for(stage) if use_ref else None)
+        if not on_policy or ref is not None or entropy_control.gate_needs_entropy_first(ent):
+            ent_sum, rollout_figs = self._measure(minibatches, stage, old=not on_policy, ref=ref)
             entropy_k = ent_sum / total_tokens
             metrics.update(kl_rollout=rollout_figs["kl_rollout"] / total_tokens, rollout_logprob_diff_max=rollout_figs["rollout_logprob_diff_max"])
         metrics["measure_seconds"] = time.perf_counter() - t0
-
-        if entropy_k is not None:
-            alpha, gate = core_algos.EntropyController.alpha(c_k, entropy_k, ent.target, ent.adaptive, ent.coef)
-        elif ent.adaptive:  # c_k = 0: alpha_k = 0 whatever the gate; e_k comes from the forward pass below
-            alpha, gate = 0.0, None
-        else:
-            alpha, gate = ent.coef, True
+        alpha, gate = entropy_control.alpha_for(ent, entropy_k)
 
         totals = dict.fromkeys(SUM_KEYS, 0.0)
         grad_norms: list[float] = []
@@ -424,29 +410,19 @@ class Trainer:
                 tokens_seen += n_tok
         if entropy_k is None:  # on-policy: the single forward pass ran at theta_k over the whole batch
             entropy_k = first_entropy
-            gate = entropy_k <= ent.target if ent.adaptive else True
-        if ent.adaptive:
-            self.controller.update(entropy_k, ent.target, ent.delta, ent.coef_min, ent.coef_max)
+        gate = entropy_control.finish_step(ent, entropy_k, gate)
+        averages = {("entropy_trained" if k == "entropy" else k): totals[k] / tokens_seen for k in SUM_KEYS if k != "kl_ref" or ref is not None}
         metrics.update(
+            averages,
             entropy=entropy_k,
-            entropy_bonus_active=float(bool(gate)),
+            entropy_bonus_active=float(gate),
             entropy_alpha=alpha,
-            entropy_coef_next=self.controller.coef if ent.adaptive else ent.coef,
-            loss=totals["loss"] / tokens_seen,
-            pg_loss=totals["pg_loss"] / tokens_seen,
-            entropy_trained=totals["entropy"] / tokens_seen,
-            kl_old=totals["kl_old"] / tokens_seen,
-            ppo_kl=totals["ppo_kl"] / tokens_seen,
-            pg_clipfrac_high=totals["pg_clipfrac_high"] / tokens_seen,
-            pg_clipfrac_low=totals["pg_clipfrac_low"] / tokens_seen,
-            pg_clipfrac_dual=totals["pg_clipfrac_dual"] / tokens_seen,
+            entropy_coef_next=entropy_control.current(ent),
             grad_norm=sum(grad_norms) / len(grad_norms),
             tokens_trained=float(total_tokens),
             sgd_steps=float(len(grad_norms)),
             lr=stage.lr,
         )
-        if use_ref:
-            metrics["kl_ref"] = totals["kl_ref"] / tokens_seen
         self._update_ema(stage)
         return metrics
 

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from magic.common.config import RunSpec, StageConfig
-from magic.controller.driver import stage_end_reason
+from magic.controller.plan import stage_end_reason
 
 
 def stage(**kw):

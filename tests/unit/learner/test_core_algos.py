@@ -189,6 +189,24 @@ def test_entropy_controller_follows_section_3_2_5():
     assert restored == c
 
 
+def test_entropy_controller_decides_one_steps_gate_and_coefficient():
+    """The step's decisions as the trainer uses them: e_k is measured before the update only when
+    alpha_k depends on it (adaptive, c_k > 0); otherwise the gate comes from the update pass."""
+    from magic.common.config import EntropyControl
+
+    ent = EntropyControl(target=0.2, delta=0.005, coef_max=0.1)
+    c = core_algos.EntropyController()
+    assert not c.gate_needs_entropy_first(ent) and c.alpha_for(ent, None) == (0.0, None)  # c_0 = 0
+    assert c.finish_step(ent, 0.1, None) is True and c.coef == pytest.approx(0.005)  # e_k < tgt: gate on, +Delta
+    assert c.gate_needs_entropy_first(ent) and c.current(ent) == pytest.approx(0.005)
+    alpha, gate = c.alpha_for(ent, 0.3)
+    assert (alpha, gate) == (0.0, False)  # e_k > tgt: no bonus this step
+    assert c.finish_step(ent, 0.3, gate) is False and c.coef == 0.0
+    constant = EntropyControl(adaptive=False, coef=0.003)
+    assert not c.gate_needs_entropy_first(constant) and c.alpha_for(constant, None) == (0.003, True)
+    assert c.finish_step(constant, 0.9, True) is True and c.coef == 0.0 and c.current(constant) == 0.003
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo", "lite_ppo"])
 def test_identical_non_binary_rewards_give_exactly_zero_advantages_and_are_rejected(estimator):
     """Seven penalty-shaped rewards of 0.1: float32 rounding of the group mean must not leave a
