@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,8 +98,15 @@ def ensure_vllm_venv() -> None:
         raise LaunchError("`make vllm-venv` failed; see its output above")
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the services and Redis are stopped
+
+
 def launch(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     from magic.cli import Exit
     from magic.common.config import StageConfig

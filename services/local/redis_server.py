@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from magic.common.processes import die_with_parent
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -53,6 +55,7 @@ class RedisServer:
                  "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,  # never outlives whoever started it, even killed by SIGKILL
             )
             deadline = time.monotonic() + timeout
             client = redis.Redis(port=self.port, socket_connect_timeout=0.5)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from magic.common import logs
+from magic.common.processes import die_with_parent
 
 
 @dataclass
@@ -39,7 +40,8 @@ class Supervisor:
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **self.base_env, **(env or {}), "MAGIC_WORKER_NAME": name, "PYTHONUNBUFFERED": "1"}
         with log_path.open("ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen([sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=die_with_parent)  # SIGTERM if the launcher dies without stopping it
         svc = Service(name, proc, log_path)
         self.services.append(svc)
         return svc

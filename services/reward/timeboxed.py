@@ -29,6 +29,7 @@ import logging
 import pickle
 import queue
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
+
+from magic.common.processes import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +59,11 @@ class CallResult:
     seconds: float = 0.0
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def worker_main(fd: int, memory_bytes: int, preload: Sequence[str], path: Sequence[str] = ()) -> None:
     """A worker's loop: receive (fn, args), send back ("ok", value) or ("error", type name)."""
     import importlib
 
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     sys.path[:0] = [p for p in path if p not in sys.path]  # import what the parent can
     conn = Connection(fd)
     if memory_bytes:

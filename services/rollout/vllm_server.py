@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from magic.common import logs
+from magic.common.processes import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,20 @@ class VllmServerConfig:
     seed: int = 0
     extra_args: list[str] = field(default_factory=list)
     logprobs_mode: str = "processed_logprobs"
+    chunked_prefill: bool | None = None
+    """None: off when this machine has no CUDA device, vLLM's default (on) otherwise. vLLM 0.32's
+    CPU worker cannot rewind a seeded request's generator after a partial (chunked) prefill: the
+    first batch whose prompts exceed the step's token budget kills its engine core
+    (`RuntimeError: CPU Generator does not use offset`). Without chunked prefill each prompt is
+    prefilled whole, and vLLM raises the token budget to at least max_model_len."""
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def server_command(config: VllmServerConfig, port: int) -> list[str]:
@@ -100,6 +115,9 @@ def server_command(config: VllmServerConfig, port: int) -> list[str]:
     ]
     if config.max_model_len:
         cmd += ["--max-model-len", str(config.max_model_len)]
+    chunked = config.chunked_prefill if config.chunked_prefill is not None else cuda_available()
+    if not chunked:
+        cmd += ["--no-enable-chunked-prefill"]
     return cmd + list(config.extra_args)
 
 
@@ -116,17 +134,6 @@ def server_env(config: VllmServerConfig, shim_dir: Path) -> dict[str, str]:
     for name in ("VIRTUAL_ENV", "PYTHONHOME"):
         env.pop(name, None)
     return env
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the worker that started it dies, even by SIGKILL
-    (Linux PR_SET_PDEATHSIG), so no server outlives its supervisor."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
 
 
 class VllmServer:
@@ -155,7 +162,7 @@ class VllmServer:
         log.info("starting vLLM server on port %d: %s (log %s)", self.port, " ".join(cmd), self.log_path)
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=server_env(self.config, self.log_path.parent / "vllm-ext"), start_new_session=True, preexec_fn=_die_with_parent,
+            env=server_env(self.config, self.log_path.parent / "vllm-ext"), start_new_session=True, preexec_fn=die_with_parent,
         )
         try:
             self.wait_ready(timeout)

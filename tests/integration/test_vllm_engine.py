@@ -146,6 +146,16 @@ def test_generates_groups_with_token_ids_logprobs_and_finish_reasons(engine):
     assert engine.server_version == "0.32.0" and engine.device == "cpu" and engine.max_model_len == MAX_MODEL_LEN
 
 
+def test_a_step_sized_batch_of_seeded_groups_is_generated(engine, server):
+    """A demo step's worth of seeded groups: far more prompt tokens than one scheduler step takes.
+    With chunked prefill (vLLM's default) the CPU worker died on the first partial prefill of a
+    seeded request (`CPU Generator does not use offset`); the CPU server runs without it."""
+    prompts = [engine.render_prompt([{"role": "user", "content": f"{i} + {i * 7 % 13} + {i % 5} + 11 = ? Work it out step by step."}]) for i in range(64)]
+    assert sum(len(p) for p in prompts) * 8 > 8192  # more than any default token budget of one step
+    results, _ = engine.generate([GenerationRequest(p, n=8, temperature=1.0, max_tokens=4, seed=i) for i, p in enumerate(prompts)])
+    assert [len(g) for g in results] == [8] * 64 and server.problem() is None and engine.healthy()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_agree_with_the_learner(engine, vllm_model_dir, temperature):
     model = modeling.load_model(vllm_model_dir)

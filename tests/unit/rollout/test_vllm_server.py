@@ -23,6 +23,18 @@ def test_the_command_line_has_what_the_engine_checks_for():
     assert "--port 8123" in joined and "--max-model-len 128" in joined and joined.endswith("--max-num-seqs 64")
 
 
+def test_chunked_prefill_is_off_on_a_cpu_server_unless_asked_for(monkeypatch):
+    """vLLM 0.32's CPU worker dies on a partial prefill of a seeded request (every group is seeded)."""
+    from magic.rollout import vllm_server
+
+    monkeypatch.setattr(vllm_server, "cuda_available", lambda: False)
+    assert "--no-enable-chunked-prefill" in server_command(VllmServerConfig(model="/m"), 1)
+    assert "--no-enable-chunked-prefill" not in server_command(VllmServerConfig(model="/m", chunked_prefill=True), 1)
+    monkeypatch.setattr(vllm_server, "cuda_available", lambda: True)
+    assert "--no-enable-chunked-prefill" not in server_command(VllmServerConfig(model="/m"), 1)
+    assert "--no-enable-chunked-prefill" in server_command(VllmServerConfig(model="/m", chunked_prefill=False), 1)
+
+
 def test_the_environment_enables_the_dev_routes_and_makes_the_extension_importable(tmp_path):
     env = server_env(VllmServerConfig(model="/m", kv_cache_gib=2), tmp_path / "shim")
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"

@@ -1,0 +1,17 @@
+"""Child processes that never outlive the process that started them."""
+
+from __future__ import annotations
+
+import signal
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child (a `preexec_fn`, or its own first call): receive `sig` when the parent dies, even
+    by SIGKILL (Linux PR_SET_PDEATHSIG). It fires when the parent's *thread* that forked the child
+    exits, so fork from a thread that lives as long as the parent (the main thread)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup is all there is
+        pass
