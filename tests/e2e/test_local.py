@@ -40,3 +40,65 @@ def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(tmp_path):
     assert 0 <= summary["heldout_accuracy_before"] <= 1 and 0 <= summary["heldout_accuracy_after"] <= 1
     png = (out / "run.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc: parent links)."""
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_nothing_outlives_a_killed_magic_local(tmp_path, sig):
+    """`magic local` stopped by SIGTERM (a `kill`, a CI timeout) stops its services and its Redis
+    as Ctrl-C does; even SIGKILLed, it leaves no process behind (each child dies with it)."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "magic.cli", "local", "--out", str(out), "--demo-dir", str(tmp_path / "demo"), "--sft-steps", "5",
+         "--steps", "50", "--rollout-batch-size", "4", "--group-size", "4", "--no-eval", "--timeout", "300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        seen = ""
+        while "[4/5] training" not in seen:  # every service is up and the run has started
+            line = proc.stdout.readline()
+            assert line, f"magic local ended before training: {seen[-3000:]}"
+            seen += line
+        family = _descendants(proc.pid)
+        assert len(family) >= 5  # redis-server and the four services, at least
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while (left := {p for p in family if _alive(p)}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"still running after {sig}: {[open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:120] for p in left if _alive(p)]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
