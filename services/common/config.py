@@ -526,6 +526,12 @@ def duplicate_stage_name(names: list[str], taken: set[str] | frozenset[str] = fr
     return None
 
 
+def require_unique_stage_names(names: list[str]) -> None:
+    """The validators' check (a run's spec, a plan to append): ValueError naming the repeated name."""
+    if (dup := duplicate_stage_name(names)) is not None:
+        raise ValueError(f"stage names must be unique within a run: {dup!r} is given twice in {names}")
+
+
 DatasetName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
 
 
@@ -598,9 +604,7 @@ class RunSpec(BaseModel):
 
     @model_validator(mode="after")
     def _unique_stage_names(self) -> "RunSpec":
-        names = [s.name for s in self.stages]
-        if (dup := duplicate_stage_name(names)) is not None:
-            raise ValueError(f"stage names must be unique within a run: {dup!r} is given twice in {names}")
+        require_unique_stage_names([s.name for s in self.stages])
         if self.on_plan_end is None:
             self.on_plan_end = "finish" if self.stages else "wait"
         return self

@@ -25,7 +25,6 @@ micro-batches or ranks. e_k and every metric are sums over all ranks divided by 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import shutil

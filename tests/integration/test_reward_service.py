@@ -20,6 +20,7 @@ from magic.reward.api import ScoreAPI
 from magic.reward.scoring import Scorer
 from magic.common.steps import StepStore
 from magic.reward.worker import RewardWorker
+from waiting import answers, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -208,15 +209,7 @@ def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, 
     sup.start("reward-0", "magic.reward")
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert sup.first_exit() is None, sup.get("reward-0").log_tail()
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_for(lambda: answers(f"{url}/readyz"), 60, "the reward service's /readyz", sup=sup)
         hostile = [
             "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
             "x = []\nwhile True:\n    x.append(bytearray(10**8))",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from magic.common.config import PlanEnd, StageConfig, duplicate_stage_name
+from magic.common.config import PlanEnd, StageConfig, duplicate_stage_name, require_unique_stage_names
 from magic.controller.api.checks import check_stage
 from magic.controller.api.deps import Authorized, Controller, ControllerDep, spec_or_404
 from magic.controller.api.views import RunView, run_view
@@ -31,9 +31,7 @@ class PlanRequest(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> "PlanRequest":
-        names = [s.name for s in self.stages]
-        if (dup := duplicate_stage_name(names)) is not None:
-            raise ValueError(f"stage names must be unique within a run: {dup!r} is given twice in {names}")
+        require_unique_stage_names([s.name for s in self.stages])
         return self
 
 
