@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import sympy
 
 from magic.reward import math_equiv, math_extract, math_verifier
 from magic.reward.verdict import Status
@@ -97,3 +98,93 @@ def test_registering_a_verifier_twice_is_an_error():
         math_verifier.register("magic")(math_verifier.verify_magic)
     with pytest.raises(ValueError, match="unknown math verifier"):
         math_verifier.get_verifier("nope")
+
+
+def test_cached_parses_and_judgements_are_shared_safely():
+    """Each worker caches parsed answers and judgements (a group's samples share a gold): a
+    repeat is served from the cache, a matrix comes back immutable, and the options of a
+    multiple-choice problem are part of the judgement's key."""
+    math_equiv.parse_latex.cache_clear()
+    math_equiv._equivalent.cache_clear()
+    response = "<think>work</think> \\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}"
+    gold = "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
+    transposed = "\\boxed{\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}}"
+    assert math_verifier.verify_magic(response.replace("1 & 2", "1 &2"), gold).status is Status.correct
+    misses = math_equiv.parse_latex.cache_info().misses
+    assert math_verifier.verify_magic("other words " + response.replace("1 & 2", "1 &2"), gold).status is Status.correct
+    assert math_equiv.parse_latex.cache_info().misses == misses  # the same answer: nothing parsed again
+    assert math_equiv._equivalent.cache_info().hits >= 1
+    matrix = math_equiv.parse_latex(gold)
+    assert isinstance(matrix, sympy.ImmutableMatrix)
+    with pytest.raises(TypeError):
+        matrix[0, 0] = 9  # shared through the cache: nobody may change it
+    assert math_verifier.verify_magic(transposed, gold).status is Status.wrong
+    assert math_verifier.verify_magic(response.replace("1 & 2", "1 &2"), gold).status is Status.correct
+    one = {"A": "2", "B": "\\frac{1}{2}"}
+    other = {"A": "\\frac{1}{2}", "B": "2"}
+    assert math_equiv.equivalent("B", "\\frac12", one).equal
+    assert not math_equiv.equivalent("B", "\\frac12", other).equal
+    assert math_equiv.equivalent("B", "\\frac12", one).equal
+
+
+def test_the_faster_parser_reads_every_corpus_answer_as_the_released_one():
+    """The parser's speed-ups (`fast_latex2sympy`: SLL-first prediction, number literals built
+    directly) change nothing: every gold and every extracted answer of the corpus, and these
+    numbers, read exactly as with latex2sympy as released; what is not LaTeX still fails."""
+    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+    from math_verify.parser import parse_latex_cached
+
+    assert math_equiv.fast_latex2sympy()  # installed on the pinned latex2sympy
+    assert math_equiv.fast_latex2sympy()  # and idempotent
+    fast = (_Latex2Sympy.create_parser, _Latex2Sympy.parse_number)
+    numbers = ["0", "007", "17", "1,000", "3.14", "0.5", "100.00", "0.000001", "12345678901234567890.123456789", "1.5e3", ".5", "5.", "-2.25"]
+    answers = sorted({a for row in load_corpus() for a in (row["gold"], math_extract.extract_answer(row["response"])) if a} | set(numbers))
+
+    def readings() -> list:
+        math_equiv.parse_latex.cache_clear()
+        parse_latex_cached.cache_clear()  # Math-Verify's own (small) cache
+        out = []
+        for a in answers:
+            r = math_equiv.read(a)
+            out.append((r.choice, r.words, [(i.raw, sympy.srepr(i.expr) if i.expr is not None else None, i.unit, i.percent, i.degrees) for i in r.items]))
+        return out
+
+    try:
+        with_speed_ups = readings()
+        _Latex2Sympy.create_parser, _Latex2Sympy.parse_number = (f.released for f in fast)
+        as_released = readings()
+    finally:
+        _Latex2Sympy.create_parser, _Latex2Sympy.parse_number = fast
+        math_equiv.parse_latex.cache_clear()
+    assert len(answers) > 500
+    assert with_speed_ups == as_released
+    assert math_equiv.parse_latex("\\frac{1}{") is None and math_equiv.parse_latex("x +* ) (") is None
+
+
+def test_bounds_read_directly_are_the_sets_sympy_solves_for():
+    """`_bounds_as_set` builds the set of a bound (``x < 3``) or an And/Or of bounds without
+    sympy's inequality solver: for every such answer of the corpus, and for these, it is exactly
+    what `as_set()` returns; what it does not handle is left to sympy."""
+    x, z = sympy.Symbol("x", real=True), sympy.Symbol("z")
+    handmade = [
+        x < 3, x <= 3, x > 3, x >= 3, sympy.Lt(3, x, evaluate=False), sympy.Ge(3, x, evaluate=False),
+        sympy.And(x > 1, x < 3), sympy.And(x >= -2, x < 5), sympy.Or(x < 1, x > 2), sympy.Or(x <= 1, x >= 1),
+        sympy.And(x > 3, x < 1), x > sympy.sqrt(2), x < sympy.pi / 2, z <= -sympy.Rational(7, 2),
+        sympy.Or(x < -1, sympy.And(x > 0, x < 1)), sympy.And(x > 0, sympy.Or(x < 1, x > 2)),
+    ]
+    from_corpus = []
+    for row in load_corpus():
+        for text in (row["gold"], math_extract.extract_answer(row["response"])):
+            for item in math_equiv.read(text).items if text else []:
+                e = item.expr
+                if isinstance(e, (sympy.core.relational.Relational, sympy.And, sympy.Or)) and not isinstance(e, sympy.Eq) and len(e.free_symbols) == 1:
+                    from_corpus.append(e)
+    for e in handmade:
+        assert math_equiv._bounds_as_set(e) == e.as_set(), e
+    handled = [(e, math_equiv._bounds_as_set(e)) for e in from_corpus]
+    handled = [(e, direct) for e, direct in handled if direct is not None]
+    assert len(handled) >= 10
+    for e, direct in handled:
+        assert direct == e.as_set(), e
+    for other in (x**2 < 4, sympy.sin(x) > 0, sympy.Ne(x, 2), sympy.Lt(x, sympy.I, evaluate=False), sympy.And(x > 1, x**2 < 9)):
+        assert math_equiv._bounds_as_set(other) is None, other
