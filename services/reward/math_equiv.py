@@ -674,8 +674,8 @@ def _bounds_as_set(e):
     op, var, bound = e.rel_op, e.lhs, e.rhs
     if not isinstance(var, Symbol):
         op, var, bound = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op], e.rhs, e.lhs  # 2 < x is x > 2
-    if not isinstance(var, Symbol) or not _is_number(bound) or bound.is_extended_real is not True or bound.has(sympy.zoo, sympy.nan):
-        return None
+    if not isinstance(var, Symbol) or not _is_number(bound) or bound.is_real is not True or bound.is_finite is not True:
+        return None  # an infinite, complex or undefined bound is left to sympy
     left_open, right_open = _HALF_LINE[op]
     if op in ("<", "<="):
         return Interval(-sympy.oo, bound, left_open, right_open)

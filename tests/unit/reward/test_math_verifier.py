@@ -186,5 +186,5 @@ def test_bounds_read_directly_are_the_sets_sympy_solves_for():
     assert len(handled) >= 10
     for e, direct in handled:
         assert direct == e.as_set(), e
-    for other in (x**2 < 4, sympy.sin(x) > 0, sympy.Ne(x, 2), sympy.Lt(x, sympy.I, evaluate=False), sympy.And(x > 1, x**2 < 9)):
+    for other in (x**2 < 4, sympy.sin(x) > 0, sympy.Ne(x, 2), sympy.Lt(x, sympy.I, evaluate=False), sympy.And(x > 1, x**2 < 9), z < sympy.oo, z >= -sympy.oo):
         assert math_equiv._bounds_as_set(other) is None, other
