@@ -9,9 +9,11 @@ VENV ?= .venv
 # already met (elsewhere, add --index-url https://download.pytorch.org/whl/cpu for a CPU wheel).
 TORCH_SPEC ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check --quiet
-# Installs skip pip's byte-compiling of every installed file (torch alone: ~30 s of a 43 s install);
-# Python compiles what is imported, once, on first use.
-INSTALL_FLAGS ?= $(PIP_FLAGS) --no-compile
+# Installs skip pip's byte-compiling of every installed file (torch alone: ~30 s of a 43 s install)
+# and let Python compile what is imported, once, on first use -- except where Python writes no
+# bytecode itself (PYTHONDONTWRITEBYTECODE set, as in many images and CI machines): every process
+# would then compile torch from source at each import, so pip byte-compiles as usual.
+INSTALL_FLAGS ?= $(PIP_FLAGS) $(if $(PYTHONDONTWRITEBYTECODE),,--no-compile)
 RUN_ARGS ?=
 
 BIN := $(VENV)/bin

@@ -19,6 +19,10 @@ from magic.common import logs
 from magic.common.processes import die_with_parent
 
 
+def _die_with_launcher() -> None:
+    die_with_parent(signal.SIGKILL)
+
+
 @dataclass
 class Service:
     name: str
@@ -40,8 +44,11 @@ class Supervisor:
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **self.base_env, **(env or {}), "MAGIC_WORKER_NAME": name, "PYTHONUNBUFFERED": "1"}
         with log_path.open("ab") as log:
+            # SIGKILL if the launcher dies without stopping it: its Redis dies with it, so there is
+            # nothing left to stop gracefully for, and a graceful stop waits for whatever the
+            # service is in the middle of (loading a model took 27 s on a loaded machine)
             proc = subprocess.Popen([sys.executable, "-m", module], env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=die_with_parent)  # SIGTERM if the launcher dies without stopping it
+                                    preexec_fn=_die_with_launcher)
         svc = Service(name, proc, log_path)
         self.services.append(svc)
         return svc
