@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 
 def wait_for(predicate, timeout: float, what: str, sup=None, interval: float = 0.05):
@@ -27,3 +28,13 @@ def answers(url: str) -> bool:
         return httpx.get(url, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def alive(pid: int) -> bool:
+    """Is process `pid` running (not gone, not a zombie)? Reads /proc/PID/stat after the command
+    name, which may hold spaces and parentheses."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from waiting import alive
 
 pytestmark = pytest.mark.e2e
 
@@ -62,16 +63,6 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_nothing_outlives_a_killed_magic_local(tmp_path, sig):
     """`magic local` stopped by SIGTERM (a `kill`, a CI timeout) stops its services and its Redis
@@ -96,9 +87,9 @@ def test_nothing_outlives_a_killed_magic_local(tmp_path, sig):
         proc.send_signal(getattr(signal, sig))
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
-        while (left := {p for p in family if _alive(p)}) and time.monotonic() < deadline:
+        while (left := {p for p in family if alive(p)}) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not left, f"still running after {sig}: {[open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:120] for p in left if _alive(p)]}"
+        assert not left, f"still running after {sig}: {[open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:120] for p in left if alive(p)]}"
     finally:
         if proc.poll() is None:
             proc.kill()

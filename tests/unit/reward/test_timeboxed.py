@@ -9,6 +9,7 @@ import time
 import pytest
 
 from magic.reward.timeboxed import TimeboxedPool
+from waiting import alive, wait_for
 
 
 def slow(seconds: float) -> str:
@@ -95,9 +96,6 @@ def test_close_stops_every_worker():
     assert p.call(slow, 0).status == "ok"
     pids = p.pids()
     p.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2] for pid in pids):
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2] for pid in pids)
+    wait_for(lambda: not any(alive(pid) for pid in pids), 10, "every worker to exit")
     with pytest.raises(RuntimeError):
         p.call(slow, 0)
