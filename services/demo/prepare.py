@@ -35,6 +35,10 @@ MODEL_SHAPE = {
     "rope_theta": 10000.0,
     "tie_word_embeddings": True,
 }
+INIT_STD = 0.1
+"""Standard deviation of the initial weights. Hugging Face's default (0.02) suits wide models; at
+hidden size 128 it slows the warm start down: its loss after 300 steps was 0.50 at 0.02, 0.30 at
+0.06, 0.20 at 0.1 and 0.28 at 0.15 (measured for issue 18)."""
 DATA_SEED = 1
 N_SFT, N_TRAIN, N_EVAL = 20_000, 4_000, 500
 
@@ -61,7 +65,8 @@ class DemoPaths:
 
 
 def fingerprint(sft: SFTConfig) -> str:
-    blob = json.dumps({"model": MODEL_SHAPE, "sft": dataclasses.asdict(sft), "data": [DATA_SEED, N_SFT, N_TRAIN, N_EVAL], "v": 1}, sort_keys=True)
+    data = [DATA_SEED, N_SFT, N_TRAIN, N_EVAL, task.MIN_TERMS, task.MAX_TERMS, task.MAX_TERM_VALUE, task.SPLIT_SHARES]
+    blob = json.dumps({"model": MODEL_SHAPE, "init": INIT_STD, "sft": dataclasses.asdict(sft), "data": data, "v": 2}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -107,7 +112,7 @@ def prepare(out: str | Path = ".magic/demo", force: bool = False, sft: SFTConfig
     task.write_jsonl(paths.train, [task.record(t, "train", i) for i, t in enumerate(splits["train"])])
     task.write_jsonl(paths.eval, [task.record(t, "eval", i) for i, t in enumerate(splits["eval"])])
 
-    model, tokenizer = build_model(paths.model, seed=sft.seed)
+    model, tokenizer = build_model(paths.model, seed=sft.seed, initializer_range=INIT_STD)
     log.info("supervised warm start: %d parameters, %d steps", sum(p.numel() for p in model.parameters()), sft.steps)
     figures = train(model, tokenizer, splits["sft"], sft, progress=progress)
     model.save_pretrained(str(paths.model))

@@ -27,11 +27,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 700
+    steps: int = 350
     batch_size: int = 64
     micro_batches: int = 4  # each batch is sorted by length and split, to pad less
     lr: float = 3e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     decay_fraction: float = 0.25  # warmup, constant, then linear decay over the last quarter
     answer_only_fraction: float = 0.5
     """Share of demonstrations that reply with a guessed answer instead of a worked solution."""

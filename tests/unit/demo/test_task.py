@@ -19,9 +19,26 @@ def test_reasoning_length_grows_with_the_number_of_terms():
 
 def test_splits_are_disjoint_and_sized():
     s = task.make_splits(seed=1, n_sft=300, n_train=200, n_eval=100)
+    assert {name: len(items) for name, items in s.items()} == {"sft": 300, "train": 200, "eval": 100}
     keys = {name: {tuple(t) for t in items} for name, items in s.items()}
-    assert {k: len(v) for k, v in keys.items()} == {"sft": 300, "train": 200, "eval": 100}
+    assert len(keys["train"]) == 200 and len(keys["eval"]) == 100  # distinct problems
     assert not (keys["sft"] & keys["train"]) and not (keys["sft"] & keys["eval"]) and not (keys["train"] & keys["eval"])
+    assert all(task.split_of(list(k)) == name for name, ks in keys.items() for k in ks)
+
+
+def test_the_warm_start_sees_every_length_evenly():
+    """The held-out set is drawn first but owns only its share of the 25 two-term problems, so
+    the warm start still practises them (it used to see none of them)."""
+    s = task.make_splits(seed=1, n_sft=7000, n_train=4000, n_eval=500)
+    counts = {n: sum(len(t) == n for t in s["sft"]) for n in range(task.MIN_TERMS, task.MAX_TERMS + 1)}
+    assert all(abs(c - 1000) < 150 for c in counts.values()), counts
+    two = [t for t in s["sft"] if len(t) == 2]
+    assert 10 <= len({tuple(t) for t in two}) <= 25 and not any(task.split_of(t) != "sft" for t in two)
+    assert sum(len(t) == 2 for t in s["eval"]) >= 1
+
+
+def test_splits_are_reproducible():
+    assert task.make_splits(seed=3, n_sft=50, n_train=40, n_eval=30) == task.make_splits(seed=3, n_sft=50, n_train=40, n_eval=30)
 
 
 def test_records_use_the_verl_format():
