@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from magic.common import httpclient
 from magic.common.config import ClientSettings
 
 
@@ -45,7 +46,7 @@ class ControllerClient:
             token = settings.api_token.get_secret_value()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.has_token = bool(token)
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, limits=httpclient.LIMITS)
 
     def close(self) -> None:
         self.http.close()
@@ -60,7 +61,7 @@ class ControllerClient:
 
     def request(self, method: str, path: str, **kw) -> Any:
         try:
-            resp = self.http.request(method, path, **kw)
+            resp = httpclient.send(self.http, method, path, idempotent=method == "GET", **kw)
         except httpx.ConnectError as exc:
             raise ClientError(
                 f"cannot reach the controller at {self.url} ({exc}).\n"
@@ -101,7 +102,7 @@ class ControllerClient:
 
     def ready(self) -> bool:
         try:
-            return self.http.get("/readyz").status_code == 200
+            return httpclient.send(self.http, "GET", "/readyz", idempotent=True).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from magic.common import modeling
+from magic.common import httpclient, modeling
 from magic.common.pb import messages_pb2 as pb
 from magic.common.service import WorkerRestart
 from magic.common.weights import Checkpoint, WeightIntegrityError
@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 VLLM_VERSION = "0.33.0"
 TESTED_VERSIONS = ("0.32.0", "0.33.0")
 EXTENSION_METHOD = "refresh_cpu_head"
+IDEMPOTENT = frozenset({"/pause", "/resume", "/collective_rpc", "/update_weight_version", "/abort_requests", "/health", "/version", "/server_info", "/get_world_size"})
+"""Calls sent again, once, when the server closed the connection without answering
+(`httpclient.send`). Not generation (it would run twice) and not the NCCL weight-transfer calls
+(each pairs with the learner's collective)."""
 FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 
 
@@ -133,6 +137,10 @@ def parse_completion(response: dict, n: int, version: int) -> list[GeneratedSamp
     return samples
 
 
+def send(client: httpx.Client, method: str, path: str, **kwargs) -> httpx.Response:
+    return httpclient.send(client, method, path, idempotent=path in IDEMPOTENT, **kwargs)
+
+
 def server_side_failure(future: Future) -> bool:
     """The request failed in a way that may be the server's death rather than the group's fault:
     no connection, or a 5xx answer."""
@@ -192,7 +200,11 @@ class VllmEngine(RolloutEngine):
         self.max_batch_sequences = max_batch_sequences
         self.model_path = Path(model_path)
         self.tokenizer = modeling.load_tokenizer(model_path)
-        self.http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0), limits=httpx.Limits(max_connections=max_batch_sequences))
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=max_batch_sequences, keepalive_expiry=httpclient.KEEPALIVE_EXPIRY),
+        )
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_batch_sequences), thread_name_prefix="vllm")
         self._futures: dict[str, Future] = {}
         self._sizes: dict[str, int] = {}
@@ -210,7 +222,7 @@ class VllmEngine(RolloutEngine):
     # -- server ------------------------------------------------------------------------------
 
     def _post(self, path: str, json: dict | None = None, params: dict | None = None) -> dict:
-        resp = self.http.post(path, json=json, params=params)
+        resp = send(self.http, "POST", path, json=json, params=params)
         if resp.status_code == 404:
             raise VllmError(f"POST {path}: 404 — start the vLLM server with VLLM_SERVER_DEV_MODE=1 (and --weight-transfer-config for NCCL)")
         if resp.status_code >= 400:
@@ -220,10 +232,10 @@ class VllmEngine(RolloutEngine):
     def check_server(self) -> None:
         """Refuse a server whose logprobs would not be at the sampling temperature, or a CPU server
         without the worker extension (its reloads of tied-embedding models would be wrong)."""
-        self.server_version = str(self.http.get("/version").json().get("version"))
+        self.server_version = str(send(self.http, "GET", "/version").json().get("version"))
         if self.server_version not in TESTED_VERSIONS:
             log.warning("vLLM server is %s; this engine is tested against %s", self.server_version, ", ".join(TESTED_VERSIONS))
-        resp = self.http.get("/server_info", params={"config_format": "json"})
+        resp = send(self.http, "GET", "/server_info", params={"config_format": "json"})
         if resp.status_code == 404:
             raise VllmError("GET /server_info: 404 — start the vLLM server with VLLM_SERVER_DEV_MODE=1")
         config = resp.json().get("vllm_config", {})
@@ -247,7 +259,7 @@ class VllmEngine(RolloutEngine):
         if self.problem():
             return False
         try:
-            return self.http.get("/health").status_code == 200
+            return send(self.http, "GET", "/health").status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -355,7 +367,7 @@ class VllmEngine(RolloutEngine):
         self.version = int(checkpoint.version)
 
     def nccl_gpus(self) -> int:
-        resp = self.http.get("/get_world_size", params={"include_dp": "true"})
+        resp = send(self.http, "GET", "/get_world_size", params={"include_dp": "true"})
         return int(resp.json()["world_size"]) if resp.status_code == 200 else 0
 
     def join_nccl_group(self, group: pb.NcclGroup, rank_offset: int) -> None:

@@ -1,6 +1,7 @@
 """The vLLM engine against a real local HTTP server answering with vLLM 0.33.0's shapes."""
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from magic.common.pb import messages_pb2 as pb
 from magic.common.weights import Checkpoint, WeightIntegrityError
 from magic.rollout.engine import GenerationRequest
+from magic.common.httpclient import KEEPALIVE_EXPIRY
 from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied, completion_request, parse_completion
 
 from .vllm_server import FakeVllm
@@ -93,6 +95,35 @@ def test_a_failed_request_comes_back_as_an_error_for_that_group_only(fake, engin
         got.update(engine.step())
     errors = [k for k, v in got.items() if isinstance(v, Exception)]
     assert len(errors) == 1 and "500" in str(got[errors[0]])
+
+
+def test_a_control_call_the_server_closed_unanswered_is_sent_again(fake, engine, tiny_model_dir):
+    """A pooled connection the server closed as the request went out ("Server disconnected
+    without sending a response") ended a vLLM demo run; idempotent calls now go out once more."""
+    fake.drop = {"/pause": 1, "/collective_rpc": 1, "/health": 1}
+    engine.load_checkpoint(Checkpoint(5, tiny_model_dir))
+    assert fake.paths() == ["/pause", "/pause", "/collective_rpc", "/collective_rpc", "/update_weight_version", "/resume"]
+    assert engine.version == 5 and fake.weight_version == "5"
+    assert engine.healthy()
+
+
+def test_generation_is_not_sent_twice(fake, engine, tiny_model_dir):
+    engine.load_checkpoint(Checkpoint(0, tiny_model_dir))
+    fake.drop = {"/v1/completions": 1}
+    engine.submit("a", GenerationRequest([1], n=1, max_tokens=3))
+    got = {}
+    while not got:
+        got.update(engine.step())
+    assert isinstance(got["a"], Exception) and fake.paths().count("/v1/completions") == 1
+
+
+def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends_them(fake, engine):
+    assert KEEPALIVE_EXPIRY < 5  # vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default
+    engine.healthy(), engine.healthy()
+    assert fake.ports[-1] == fake.ports[-2]  # reused while fresh
+    time.sleep(KEEPALIVE_EXPIRY + 0.5)
+    engine.healthy()
+    assert fake.ports[-1] != fake.ports[-2]  # a new connection once idle past the expiry
 
 
 def test_reload_from_path_pauses_reloads_labels_and_resumes(fake, engine, tmp_path, tiny_model_dir):

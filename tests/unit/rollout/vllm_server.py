@@ -12,7 +12,10 @@ The shapes follow vLLM 0.33.0's own definitions:
   `/collective_rpc` — vllm/entrypoints/serve/dev/rpc/api_router.py (`{"results": [...]}`).
 
 Sampling is scripted: each choice's tokens and logprobs come from `script` (a list per sample).
-Every call is recorded in `calls` as (method, path, query, json body).
+Every call is recorded in `calls` as (method, path, query, json body), and the client's port in
+`ports`. Connections are kept alive (HTTP/1.1) as uvicorn keeps them; `drop` makes the server
+close a connection without answering, as a server does with an idle connection it times out
+while a request is on its way.
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ class FakeVllm:
         self.fail_completions = 0  # answer this many completion requests with HTTP 500
         self.delay = 0.0
         self.health = 200  # what GET /health answers (vLLM answers 503 once its engine core is dead)
+        self.drop: dict[str, int] = {}  # path -> how many of its requests get the connection closed, unanswered
+        self.ports: list[int] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def _send(self, status: int, payload=None) -> None:
                 body = b"" if payload is None else json.dumps(payload).encode()
                 self.send_response(status)
@@ -48,10 +55,20 @@ class FakeVllm:
             def _record(self, body):
                 url = urlparse(self.path)
                 fake.calls.append((self.command, url.path, parse_qs(url.query), body))
+                fake.ports.append(self.client_address[1])
                 return url
+
+            def _dropped(self, path: str) -> bool:
+                if fake.drop.get(path, 0) <= 0:
+                    return False
+                fake.drop[path] -= 1
+                self.close_connection = True
+                return True
 
             def do_GET(self) -> None:  # noqa: N802
                 url = self._record(None)
+                if self._dropped(url.path):
+                    return
                 if url.path == "/version":
                     self._send(200, {"version": "0.33.0"})
                 elif url.path == "/health":
@@ -67,6 +84,8 @@ class FakeVllm:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length)) if length else None
                 url = self._record(body)
+                if self._dropped(url.path):
+                    return
                 routes = {
                     "/pause": {"status": "paused"},
                     "/resume": {"status": "resumed"},
