@@ -9,7 +9,7 @@ per-step metrics (JSONL) and a plot.
 How it departs from the paper: a 0.8M-parameter model and a synthetic arithmetic task instead of
 a distilled 7B-32B model on math/code; short stages (tens of steps) instead of hundreds.
 
-    magic local                      # defaults: 12 + 18 steps, T = 72 then 96
+    magic local                      # defaults: 16 + 24 steps, T = 72 then 96
     magic local --steps 120          # a longer run; --stages plan.json for your own plan
     magic local --help               # the knobs (steps, stages, engine, output dir) first
 
