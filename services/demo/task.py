@@ -12,9 +12,9 @@ after line, then boxes the answer::
 
 Every step is local (one small addition, then a copy), so a model of a few hundred thousand
 parameters learns it; numbers up to 5 keep the addition table it must learn small (partial sums
-up to 40), which makes the warm start about twice as fast as with numbers up to 9. The reasoning
-grows quadratically with n (from about 10 tokens for n=2 to about 70 for n=8), so a context length T of 72 tokens truncates some of the longest chains
-while 96 fits them all — what multi-stage training needs. Answers are checked by the math
+up to 40: after 300 warm-start steps the loss was 0.14 against 0.20 with numbers up to 9). The
+reasoning grows quadratically with n (from about 10 tokens for n=2 to about 70 for n=8), so a
+context length T of 72 tokens truncates some of the longest chains while 96 fits them all — what multi-stage training needs. Answers are checked by the math
 verifier like any math answer. Records use the verl / Skywork-OR1 format (`prompt` as chat
 messages, `data_source`, `reward_model.ground_truth`, `extra_info`).
 """
@@ -101,12 +101,16 @@ def make_splits(seed: int, n_sft: int, n_train: int, n_eval: int) -> dict[str, l
     for name, size, distinct in (("eval", n_eval, True), ("train", n_train, True), ("sft", n_sft, False)):
         items: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
-        while len(items) < size:
+        for _ in range(1000 * size + 100_000):
+            if len(items) == size:
+                break
             terms = make_problem(rng)
             if split_of(terms) != name or (distinct and tuple(terms) in seen):
                 continue
             seen.add(tuple(terms))
             items.append(terms)
+        if len(items) < size:
+            raise ValueError(f"the {name} split holds too few distinct problems for {size} (found {len(items)}); ask for fewer")
         out[name] = items
     return out
 

@@ -37,6 +37,14 @@ def test_the_warm_start_sees_every_length_evenly():
     assert sum(len(t) == 2 for t in s["eval"]) >= 1
 
 
+def test_asking_for_more_distinct_problems_than_a_split_holds_is_refused(monkeypatch):
+    import pytest
+
+    monkeypatch.setattr(task, "MAX_TERMS", 3)  # 25 + 125 problems, 15 of them held out
+    with pytest.raises(ValueError, match="eval split holds too few distinct problems"):
+        task.make_splits(seed=1, n_sft=0, n_train=0, n_eval=100)
+
+
 def test_splits_are_reproducible():
     assert task.make_splits(seed=3, n_sft=50, n_train=40, n_eval=30) == task.make_splits(seed=3, n_sft=50, n_train=40, n_eval=30)
 
