@@ -148,8 +148,12 @@ def test_deepspeed_bf16_with_checkpointing_matches_the_torch_bf16_step(tiny_mode
     diffs = {(k, key): (a[key], b[key]) for k, (a, b) in enumerate(zip(ref_records, got["records"])) for key in ("loss", "pg_loss", "entropy", "kl_ref", "grad_norm")}
     print(diffs)
     for (k, key), (a, b) in diffs.items():
-        # DeepSpeed reduces and accumulates the bf16 gradients in bf16: the norm gets 5%
-        assert b == pytest.approx(a, rel=5e-2 if key == "grad_norm" else 2e-2, abs=1e-3), (k, key)
+        if k == 0:  # the same weights: the forward and backward agree within bf16's tolerances
+            # (DeepSpeed reduces and accumulates the bf16 gradients in bf16: the norm gets 5%)
+            assert b == pytest.approx(a, rel=5e-2 if key == "grad_norm" else 2e-2, abs=1e-3), (k, key)
+        else:  # after one update that differs by that bf16 reduction (bounded below): pg_loss moved
+            # by 1.2e-3 and the norm by 4.4% on a CPU with native bf16 (AVX512-BF16), less on AVX2
+            assert b == pytest.approx(a, rel=1e-1 if key == "grad_norm" else 2e-2, abs=3e-3), (k, key)
     init = modeling.export_state_dict(modeling.load_model(tiny_model_dir))
     d_ref = torch.cat([(ref_state[k] - init[k]).flatten() for k in init])
     d_got = torch.cat([(got["state"][k].float() - init[k]).flatten() for k in init])
