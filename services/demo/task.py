@@ -14,9 +14,10 @@ Every step is local (one small addition, then a copy), so a model of a few hundr
 parameters learns it; numbers up to 5 keep the addition table it must learn small (partial sums
 up to 40: after 300 warm-start steps the loss was 0.14 against 0.20 with numbers up to 9). The
 reasoning grows quadratically with n (from about 10 tokens for n=2 to about 70 for n=8), so a
-context length T of 72 tokens truncates some of the longest chains while 96 fits them all — what multi-stage training needs. Answers are checked by the math
-verifier like any math answer. Records use the verl / Skywork-OR1 format (`prompt` as chat
-messages, `data_source`, `reward_model.ground_truth`, `extra_info`).
+context length T of 72 tokens truncates some of the longest chains while 96 fits them all — what
+multi-stage training needs. Answers are checked by the math verifier like any math answer.
+Records use the verl / Skywork-OR1 format (`prompt` as chat messages, `data_source`,
+`reward_model.ground_truth`, `extra_info`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def make_splits(seed: int, n_sft: int, n_train: int, n_eval: int) -> dict[str, l
             terms = make_problem(rng)
             if split_of(terms) != name or (distinct and tuple(terms) in seen):
                 continue
-            seen.add(tuple(terms))
+            if distinct:
+                seen.add(tuple(terms))
             items.append(terms)
         if len(items) < size:
             raise ValueError(f"the {name} split holds too few distinct problems for {size} (found {len(items)}); ask for fewer")
