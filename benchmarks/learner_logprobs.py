@@ -1,5 +1,5 @@
 """Peak memory of per-token log-probs + full-vocabulary entropy, forward and backward:
-the chunked computation (`magic.common.modeling.ChunkedLogpEntropy`) against the naive one
+the chunked computation (`magic.modeling.ChunkedLogpEntropy`) against the naive one
 (all tokens x vocab logits at once, autograd through log_softmax).
 
     .venv/bin/python benchmarks/learner_logprobs.py                      # 8k tokens x 152k vocab
@@ -28,7 +28,6 @@ import time
 from _proc import rss_bytes
 
 
-
 def _available_bytes() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -40,7 +39,7 @@ def _available_bytes() -> int:
 def child(variant: str, tokens: int, vocab: int, hidden: int, chunk: int, device: str) -> dict:
     import torch
 
-    from magic.common import modeling
+    from magic import modeling
 
     torch.manual_seed(0)
     h = (torch.randn(tokens, hidden, device=device) * 0.02).requires_grad_()

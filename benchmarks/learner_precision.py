@@ -41,7 +41,7 @@ def _batch(n_seqs: int, seq_len: int, vocab: int, seed: int):
     log-probs arbitrary (on-policy training ignores them)."""
     import random
 
-    from magic.common.pb import messages_pb2 as pb
+    from magic.protocol.pb import messages_pb2 as pb
 
     rng = random.Random(seed)
     prompt_len = seq_len // 4
@@ -59,7 +59,7 @@ def child(args: argparse.Namespace, precision: str, checkpointing: bool) -> dict
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from magic.common.config import OptimConfig, StageConfig
+    from magic.config.schema import OptimConfig, StageConfig
     from magic.learner.backends import TorchBackend
     from magic.learner.trainer import Trainer
 

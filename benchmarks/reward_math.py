@@ -24,8 +24,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from magic.reward.settings import MathRewardSettings, RewardSettings
 from magic.reward.scoring import Sample, Scorer
+from magic.reward.settings import MathRewardSettings, RewardSettings
 
 CORPUS = Path(__file__).parents[1] / "tests" / "data" / "reward" / "math_corpus.jsonl"
 STEPS = [
@@ -86,7 +86,7 @@ def main() -> None:
     pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
     verdicts = Counter(s.verdict for s, _ in results)
     agree = sum((s.correctness == 1.0) == exp for s, exp in results)
-    from magic.common.pb import messages_pb2 as pb
+    from magic.protocol.pb import messages_pb2 as pb
 
     print(f"math verifier {args.verifier!r}: {args.n} verifications, {args.workers} worker processes, bound {args.timeout:g}s")
     print(f"  responses: mean {mean_chars / 1000:.1f} KB (corpus of {len(rows)} cases, repeated and shuffled)")

@@ -31,14 +31,15 @@ from pathlib import Path
 def run_case(name: str, assign, args, model_dir: Path, scratch: Path) -> float:
     import redis
 
-    from magic.common import codec, keys
-    from magic.common.bus import Stream
-    from magic.common.config import FilesystemTransportConfig
-    from magic.common.pb import messages_pb2 as pb
-    from magic.common.weights import make_sender
+    from magic import modeling
     from magic.local.redis_server import RedisServer
     from magic.local.supervisor import Supervisor
-    from magic.common import modeling
+    from magic.protocol import codec, keys
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.store.channels import RunChannels
+    from magic.store.streams import Stream
+    from magic.weights import make_sender
+    from magic.weights.config import FilesystemTransportConfig
 
     server = RedisServer().start()
     r = redis.Redis.from_url(server.url)
@@ -46,7 +47,7 @@ def run_case(name: str, assign, args, model_dir: Path, scratch: Path) -> float:
     spec = {"name": "bench", "model": str(model_dir), "train_files": ["unused.jsonl"], "stages": [{"steps": 1, "T": args.long_tokens, "D_R": args.groups, "gs": args.n}]}
     r.set(k.spec, json.dumps(spec))
     model = modeling.load_model(model_dir)
-    sender = make_sender(FilesystemTransportConfig(), r=r, run_id="bench", root=scratch / name / "weights", stream=Stream(r, k.weights),
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, "bench"), root=scratch / name / "weights",
                          config_json=model.config.to_json_string(), keep=2)
     r.xgroup_create(k.prompts, "rollout", id="0", mkstream=True)
     for i in range(args.groups):
@@ -68,7 +69,7 @@ def run_case(name: str, assign, args, model_dir: Path, scratch: Path) -> float:
     try:
         for i in range(2):
             sup.start(f"rollout-{i}", "magic.rollout")
-        from magic.common.heartbeat import alive_workers
+        from magic.store.heartbeat import alive_workers
 
         while len([w for w in alive_workers(r, "rollout").values() if w.get("run") == "bench"]) < 2:  # both attached
             assert sup.first_exit() is None, sup.first_exit().log_tail()

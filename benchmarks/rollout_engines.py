@@ -48,8 +48,8 @@ def requests(engine, prompts: int, group_size: int, max_tokens: int):
 
 def push(engine, store, model, version: int) -> tuple[float, float]:
     """Write `version` like the learner's filesystem sender and load it into `engine`; (write s, load s)."""
-    from magic.common import modeling
-    from magic.common.weights import Checkpoint
+    from magic import modeling
+    from magic.weights import Checkpoint
 
     state = {k: v for k, v in modeling.export_state_dict(model).items() if k != "lm_head.weight"}
     t0 = time.perf_counter()
@@ -83,11 +83,11 @@ def main() -> int:
 
     import torch
 
-    from magic.common import modeling
-    from magic.common.weights import FilesystemWeightStore
+    from magic import modeling
     from magic.rollout.engine import TorchEngine
     from magic.rollout.vllm_engine import VllmEngine
     from magic.rollout.vllm_server import VllmServer, VllmServerConfig
+    from magic.weights import FilesystemWeightStore
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,11 +48,11 @@ def receiver_main(args) -> None:
     import redis
     from safetensors import safe_open
 
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.config import RolloutSettings
-    from magic.common.pb import messages_pb2 as pb
-    from magic.common.weights import WEIGHTS_FILE, make_receiver
+    from magic.protocol import keys
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.rollout.settings import RolloutSettings
+    from magic.store.streams import Stream
+    from magic.weights import WEIGHTS_FILE, make_receiver
 
     r = redis.Redis.from_url(args.redis)
     config = RolloutSettings.model_validate({"weight_transport": json.loads(args.transport)}).weight_transport
@@ -91,11 +91,12 @@ def main() -> None:
 
     import redis
 
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.config import LearnerSettings
+    from magic.learner.settings import LearnerSettings
     from magic.local.redis_server import RedisServer
-    from magic.common.weights import make_sender
+    from magic.protocol import keys
+    from magic.store.channels import RunChannels
+    from magic.store.streams import Stream
+    from magic.weights import make_sender
 
     Path(".magic").mkdir(exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="bench-weights-", dir=args.dir or ".magic"))
@@ -110,7 +111,7 @@ def main() -> None:
         for transport in ({"type": "filesystem"}, {"type": "http", "host": "127.0.0.1", "port": 0, "advertise_url": None}):
             r.flushall()
             config = LearnerSettings.model_validate({"weight_transport": transport}).weight_transport
-            sender = make_sender(config, r=r, run_id="bench", root=scratch / transport["type"] / "learner", stream=Stream(r, keys.RunKeys("bench").weights),
+            sender = make_sender(config, channels=RunChannels(r, "bench"), root=scratch / transport["type"] / "learner",
                                  config_json="{}", keep=2)
             wire = dict(transport)
             if transport["type"] == "http":

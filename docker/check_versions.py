@@ -1,9 +1,11 @@
 """Fail an image build (or a test) when the installed packages differ from a constraints file.
 
     python3 check_versions.py docker/constraints.txt [package ...]
+    python3 check_versions.py docker/constraints.txt --installed
 
-Compares every pin `name==version` of the file (or only the named packages) with what
-importlib.metadata finds installed; a local label (torch 2.13.0+cpu) is ignored. Exit status 1,
+Compares every pin `name==version` of the file (or only the named packages, or with
+`--installed` only the pinned packages that are installed: an image that installs one service's
+extra) with what importlib.metadata finds installed; a local label (torch 2.13.0+cpu) is ignored. Exit status 1,
 with one line per difference, when a pinned package is missing or at another version: the image
 would ship versions its tests never ran. Standard library only.
 """
@@ -45,9 +47,21 @@ def differences(wanted: dict[str, str]) -> list[str]:
     return problems
 
 
+def is_installed(name: str) -> bool:
+    try:
+        version(name)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
+    only_installed = "--installed" in argv
+    argv = [a for a in argv if a != "--installed"]
     with open(argv[1]) as f:
         wanted = pins(f.read())
+    if only_installed:
+        wanted = {n: v for n, v in wanted.items() if is_installed(n)}
     if len(argv) > 2:
         wanted = {n: wanted[n] for n in map(normalise, argv[2:])}
     problems = differences(wanted)

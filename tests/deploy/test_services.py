@@ -11,10 +11,10 @@ import sys
 
 import httpx
 import pytest
+from waiting import wait_for
 
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
-from waiting import wait_for
 
 from .conftest import CHART
 

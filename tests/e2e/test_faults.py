@@ -2,11 +2,11 @@
 at every commit point of the step, fed each class of poison on each stream, and cut off from a
 Redis that is killed and restarted mid-step.
 
-Every case asserts the platform's promise (README, "Persistence, faults and guarantees"): the
+Every case asserts the platform's promise (docs/architecture.md, "Persistence, faults and guarantees"): the
 run finishes; every step is recorded once, in order; every version is announced once; every step
 trained on its D_R published groups (so every published group was trained once); and anything
 refused is in the dead-letter stream with its reason. Crashes are not random: each service is
-started with ``MAGIC_FAULT_POINTS`` (`magic.common.faults`) and SIGKILLs itself at the named point.
+started with ``MAGIC_FAULT_POINTS`` (`magic.runtime.faults`) and SIGKILLs itself at the named point.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from waiting import answers, wait_for
 
-from magic.common import codec, faults, keys
-from magic.common.bus import Stream
-from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import free_port
 from magic.local.supervisor import Supervisor
-from waiting import answers, wait_for
+from magic.protocol import codec, keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime import faults
+from magic.store.streams import Stream
 
 pytestmark = pytest.mark.e2e
 

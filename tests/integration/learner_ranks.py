@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for lear
 
 from learner_batches import scored_groups, stage  # noqa: E402
 
-from magic.common import modeling  # noqa: E402
-from magic.common.config import OptimConfig  # noqa: E402
+from magic import modeling  # noqa: E402
+from magic.config.schema import OptimConfig  # noqa: E402
 from magic.learner import backends  # noqa: E402
 from magic.learner.trainer import Trainer  # noqa: E402
 

@@ -12,10 +12,10 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from magic.common import keys
-from magic.common.config import ControllerSettings
 from magic.controller.app import create_app
+from magic.controller.settings import ControllerSettings
 from magic.demo import task
+from magic.protocol import keys
 
 pytestmark = pytest.mark.integration
 
@@ -243,8 +243,8 @@ def test_stages_and_plans_are_appended(client, r, tiny_model_dir, data):
 
 
 def test_status_reports_a_failed_step_with_its_error(client, r, tiny_model_dir, data):
-    from magic.common.bus import Stream
-    from magic.common.pb import messages_pb2 as pb
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.store.streams import Stream
 
     client.post("/v1/runs", json=run_spec(tiny_model_dir, data), headers=AUTH)
     wait_status(client, "r1", "running")

@@ -9,14 +9,14 @@ import time
 import httpx
 import pytest
 import redis
+from waiting import answers, wait_for
 
-from magic.common import keys
-from magic.common.bus import Stream
-from magic.common.pb import messages_pb2 as pb
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
-from waiting import answers, wait_for
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.store.streams import Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

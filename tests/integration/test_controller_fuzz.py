@@ -10,8 +10,8 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
-from magic.common.config import ControllerSettings
 from magic.controller.app import create_app
+from magic.controller.settings import ControllerSettings
 from magic.demo import task
 
 pytestmark = pytest.mark.integration

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from magic.common import keys
-from magic.common.config import ControllerSettings
 from magic.controller.app import create_app
+from magic.controller.settings import ControllerSettings
 from magic.demo import task
+from magic.protocol import keys
 
 pytestmark = pytest.mark.integration
 

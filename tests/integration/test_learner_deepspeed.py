@@ -14,8 +14,8 @@ import pytest
 import torch
 from learner_batches import publish_step, scored_groups, stage
 
-from magic.common import modeling
-from magic.common.config import OptimConfig
+from magic import modeling
+from magic.config.schema import OptimConfig
 from magic.learner.backends import TorchBackend
 from magic.learner.trainer import Trainer
 
@@ -85,10 +85,10 @@ def test_the_learner_service_trains_on_two_deepspeed_ranks(r, redis_server, tiny
     rank 1; the step records equal a single process's; both ranks stop cleanly."""
     import time
 
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.config import RunSpec
-    from magic.common.pb import messages_pb2 as pb
+    from magic.config.schema import RunSpec
+    from magic.protocol import keys
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.store.streams import Stream
 
     run_id = "ranks"
     spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[stage(steps=2)])

@@ -4,13 +4,16 @@ a restarted learner resumes from the checkpoint to give the same next step as on
 from __future__ import annotations
 
 import pytest
-
 from learner_batches import publish_step, scored_groups
-from magic.common import keys, modeling
-from magic.common.bus import Stream
-from magic.common.config import LearnerSettings, RunSpec, StageConfig
-from magic.common.pb import messages_pb2 as pb
+
+from magic import modeling
+from magic.config.schema import RunSpec, StageConfig
+from magic.learner.settings import LearnerSettings
 from magic.learner.worker import LearnerWorker, checkpoint_root
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.store.channels import RunChannels
+from magic.store.streams import Stream
 
 pytestmark = pytest.mark.integration
 
@@ -43,17 +46,17 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model
     for run_id in ("straight", "restarted"):
         start_run(r, run_id, tiny_model_dir)
 
-    straight = LearnerWorker(r, "straight", settings)
+    straight = LearnerWorker(RunChannels(r, "straight", settings.worker_name), settings)
     expected = [train(straight, r, "straight", k, vocab) for k in range(3)]
     straight.close()
 
-    first = LearnerWorker(r, "restarted", settings)
+    first = LearnerWorker(RunChannels(r, "restarted", settings.worker_name), settings)
     for k in range(2):
         assert train(first, r, "restarted", k, vocab)["loss"] == pytest.approx(expected[k]["loss"], rel=1e-6)
     first.close()  # the process "dies"; a new one attaches to the same run
     assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000000", "step-00000001"]
 
-    second = LearnerWorker(r, "restarted", settings)
+    second = LearnerWorker(RunChannels(r, "restarted", settings.worker_name), settings)
     assert second.step == 2 and second.trainer.controller.coef == pytest.approx(0.02)
     got = train(second, r, "restarted", 2, vocab)
     second.close()

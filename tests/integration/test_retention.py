@@ -12,10 +12,12 @@ import time
 import pytest
 import redis
 
-from magic.common import codec, keys, refusals, retention
-from magic.common.bus import ConsumerGroup, Stream
-from magic.common.metrics import REDIS_REFUSED
-from magic.common.pb import messages_pb2 as pb
+from magic.observability.metrics import REDIS_REFUSED
+from magic.protocol import codec, keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.store import client as refusals
+from magic.store import retention
+from magic.store.streams import ConsumerGroup, Stream
 
 
 def _event(i: int) -> pb.Event:

@@ -2,7 +2,7 @@
 
 Runs only with uid isolation (the service as root, as in the reward image): the containment
 claimed here rests on the dedicated uid, bubblewrap's root and namespaces and the seccomp filter
-(`magic.reward.confine`). After every test a correct program is judged correct again. The limits are small so that nothing here can strain
+(`magic.reward.sandbox.confine`). After every test a correct program is judged correct again. The limits are small so that nothing here can strain
 the machine: 8 processes per slot, 256 MiB per process, 2 s per test.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from magic.reward.code.verifier import CodeVerifier
+from magic.reward.sandbox import child as sandbox_child
+from magic.reward.sandbox.runner import Sandbox
 from magic.reward.settings import SandboxSettings
-from magic.reward import sandbox_child
-from magic.reward.code_verifier import CodeVerifier
-from magic.reward.sandbox import Sandbox
 from magic.reward.verdict import Status
 
 pytestmark = [
@@ -420,7 +420,7 @@ def test_host_processes_and_files_are_invisible(verifier):
     readable = Path("/var/tmp") / f"magic-hostile-readable-{os.getpid()}"
     readable.write_text(token)
     readable.chmod(0o644)
-    from magic.reward import sandbox_child
+    from magic.reward.sandbox import child as sandbox_child
 
     code = (
         "import os\n"

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from magic.reward.code.verifier import CodeVerifier
+from magic.reward.sandbox.runner import Sandbox
 from magic.reward.settings import SandboxSettings
-from magic.reward.code_verifier import CodeVerifier
-from magic.reward.sandbox import Sandbox
 from magic.reward.verdict import Status
 
 pytestmark = pytest.mark.integration

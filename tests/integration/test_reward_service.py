@@ -10,17 +10,19 @@ import time
 import httpx
 import pytest
 from pydantic import SecretStr
+from waiting import answers, wait_for
 
-from magic.common import keys
-from magic.common.bus import Stream
-from magic.reward.settings import MathRewardSettings, PenaltySettings, RewardSettings, SandboxSettings
-from magic.common.metrics import serve_http
-from magic.common.pb import messages_pb2 as pb
+from magic.config.schema import PenaltySettings
+from magic.observability.metrics import serve_http
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI
 from magic.reward.scoring import Scorer
-from magic.common.steps import StepStore
+from magic.reward.settings import MathRewardSettings, RewardSettings, SandboxSettings
 from magic.reward.worker import RewardWorker
-from waiting import answers, wait_for
+from magic.store.channels import RunChannels
+from magic.store.steps import StepStore
+from magic.store.streams import Stream
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +91,7 @@ def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scor
     r.xadd(K.rollouts, {b"type": b"RolloutGroup", b"pb": b"\xff\xfe not a protobuf"})  # poison
     published.add(group("0:9", "math", "4", ["\\boxed{4}"]))  # decodes, but the controller never published it
 
-    worker = RewardWorker(r, RUN, reward_settings(), scorer)
+    worker = RewardWorker(RunChannels(r, RUN, "reward-test"), reward_settings(), scorer)
     deadline = time.monotonic() + 60
     while (len(Stream(r, K.scored)) < 5 or len(Stream(r, K.dead)) < 3) and time.monotonic() < deadline:
         worker.poll()
@@ -178,7 +180,7 @@ def test_a_helper_started_from_a_thread_that_ended_still_runs_tests():
     warms its sandbox up in a short-lived thread, and its first programs got verdict ERROR."""
     import threading
 
-    from magic.reward.sandbox import Program, Sandbox
+    from magic.reward.sandbox.runner import Program, Sandbox
 
     with Sandbox(SandboxSettings(**dict(SANDBOX, uid_base=62200))) as sandbox:
         warm = threading.Thread(target=sandbox.warm_up)

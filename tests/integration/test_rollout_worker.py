@@ -6,21 +6,23 @@ import time
 
 import pytest
 
-from magic.common import keys
-from magic.common.bus import Stream
-from magic.common.config import FilesystemTransportConfig, RolloutSettings
-from magic.common.pb import messages_pb2 as pb
-from magic.common.steps import StepStore
-from magic.common.weights import make_receiver, make_sender
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.engine import TorchEngine
+from magic.rollout.settings import RolloutSettings
 from magic.rollout.worker import RolloutWorker
+from magic.store.channels import RunChannels
+from magic.store.steps import StepStore
+from magic.store.streams import Stream
+from magic.weights import make_receiver, make_sender
+from magic.weights.config import FilesystemTransportConfig
 
 pytestmark = pytest.mark.integration
 RUN = "t"
 
 
 def publish_weights(r, tmp_path, engine, version):
-    sender = make_sender(FilesystemTransportConfig(), r=r, run_id=RUN, root=tmp_path / "weights", stream=Stream(r, keys.RunKeys(RUN).weights),
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN), root=tmp_path / "weights",
                          config_json=engine.model.config.to_json_string(), keep=3)
     state = {k: v for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
     return sender.publish(version, state)
@@ -42,7 +44,7 @@ def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0):
 def make_worker(r, tiny_model_dir, tmp_path, name, **settings):
     s = RolloutSettings(worker_name=name, max_batch_sequences=settings.pop("max_batch_sequences", 4), **settings)
     engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=s.max_batch_sequences)
-    return RolloutWorker(r, RUN, s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / name))
+    return RolloutWorker(RunChannels(r, RUN, name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / name))
 
 
 def rollouts(r):

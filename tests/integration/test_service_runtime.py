@@ -1,4 +1,4 @@
-"""The service runtime (magic.common.service.serve) over a real Redis: a fatal error reaches the
+"""The service runtime (magic.runtime.service.serve) over a real Redis: a fatal error reaches the
 run as a WorkerError; a Redis refusal or outage is waited out and the worker re-attached."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import signal
 import pytest
 import redis
 
-from magic.common import keys
-from magic.common.bus import Stream, is_retryable
-from magic.common.config import ServiceSettings
-from magic.common.pb import messages_pb2 as pb
-from magic.common.service import Worker, serve
+from magic.config.settings import ServiceSettings
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.service import Worker, serve
+from magic.store.client import is_retryable
+from magic.store.streams import Stream
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def settings(redis_server) -> ServiceSettings:
 def test_a_fatal_error_is_sent_to_the_run_as_a_worker_error(r, redis_server):
     r.set(keys.ACTIVE_RUN, "doomed")
     with pytest.raises(ValueError, match="model is gone"):
-        serve("learner", settings(redis_server), lambda _r, _run: Scripted([ValueError("model is gone")]))
+        serve("learner", settings(redis_server), lambda _channels: Scripted([ValueError("model is gone")]))
     events = [e for _, e in Stream(r, keys.RunKeys("doomed").events).read_after("0", pb.Event)]
     assert len(events) == 1 and events[0].worker_error.service == "learner" and "model is gone" in events[0].worker_error.message
     assert events[0].source == "w-0" and events[0].run_id == "doomed"
@@ -56,8 +57,8 @@ def test_a_redis_outage_or_refusal_re_attaches_the_worker(r, redis_server, outag
     r.set(keys.ACTIVE_RUN, "lives")
     attached = []
 
-    def attach(_r, run):
-        attached.append(run)
+    def attach(channels):
+        attached.append(channels.run_id)
         return Scripted([outage] if len(attached) == 1 else ["stop"])
 
     assert serve("rollout", settings(redis_server), attach) == 0
@@ -68,8 +69,8 @@ def test_a_redis_outage_or_refusal_re_attaches_the_worker(r, redis_server, outag
 def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
     """The rollout worker's vLLM server died (VllmServerDied is a WorkerRestart): the worker is
     closed and attached again, and the run hears of no worker error."""
-    from magic.common.service import WorkerRestart
     from magic.rollout.vllm_engine import VllmServerDied
+    from magic.runtime.service import WorkerRestart
 
     assert issubclass(VllmServerDied, WorkerRestart)
     r.set(keys.ACTIVE_RUN, "lives")
@@ -79,8 +80,8 @@ def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
         def close(self) -> None:
             closed.append(True)
 
-    def attach(_r, run):
-        attached.append(run)
+    def attach(channels):
+        attached.append(channels.run_id)
         return Closing([VllmServerDied("the vLLM server (pid 1) exited with code -9")] if len(attached) == 1 else ["stop"])
 
     assert serve("rollout", settings(redis_server), attach) == 0

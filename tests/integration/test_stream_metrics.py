@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from magic.common import keys, metrics as m
 from magic.controller.stream_metrics import StreamSampler
+from magic.observability import metrics as m
+from magic.protocol import keys
+from magic.store.channels import RunChannels
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +27,7 @@ def test_sampler_reports_length_pending_lag_and_live_workers(r):
     r.set(keys.heartbeat("reward", "reward-0"), json.dumps({"run": "sampled"}), ex=30)
     r.set(keys.heartbeat("reward", "reward-1"), json.dumps({"run": "another-run"}), ex=30)
 
-    sampler = StreamSampler(r, "sampled", interval=60)
+    sampler = StreamSampler(RunChannels(r, "sampled"), interval=60)
     assert sampler.maybe_sample() is True
     assert value(m.STREAM_LENGTH, stream="prompts") == 5
     assert value(m.STREAM_PENDING, stream="prompts") == 2

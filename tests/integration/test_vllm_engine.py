@@ -21,13 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from vllm_venv import VLLM_PYTHON, require_vllm
 
-from magic.common import modeling
-from magic.common.weights import Checkpoint, WeightIntegrityError
+from magic import modeling
 from magic.rollout.engine import GenerationRequest
 from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied
 from magic.rollout.vllm_server import VllmServer, VllmServerConfig, VllmServerError
-from vllm_venv import VLLM_PYTHON, require_vllm
+from magic.weights import Checkpoint, WeightIntegrityError
 
 MAX_MODEL_LEN = 128
 
@@ -261,48 +261,50 @@ RUN = "v"
 
 
 def _publish_weights(r, tmp_path, model_dir: Path, version: int):
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.config import FilesystemTransportConfig
-    from magic.common.weights import make_sender
+    from magic.protocol import keys
+    from magic.store.channels import RunChannels
+    from magic.store.streams import Stream
+    from magic.weights import make_sender
+    from magic.weights.config import FilesystemTransportConfig
 
     model = modeling.load_model(model_dir)
-    sender = make_sender(FilesystemTransportConfig(), r=r, run_id=RUN, root=tmp_path / "weights", stream=Stream(r, keys.RunKeys(RUN).weights),
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN), root=tmp_path / "weights",
                          config_json=model.config.to_json_string(), keep=3)
     return sender.publish(version, {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
 
 
 def _publish_prompt(r, group_id: str, version: int, max_tokens: int):
-    from magic.common.pb import messages_pb2 as pb
-    from magic.common.steps import StepStore
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.store.steps import StepStore
 
     g = pb.PromptGroup(run_id=RUN, group_id=group_id, policy_version=version, published_at=time.time(),
                        sampling=pb.SamplingParams(n=4, temperature=1.0, top_p=1.0, max_tokens=max_tokens, seed=1))
     g.messages.add(role="user", content="3+4=")
-    pipe = r.pipeline(transaction=True)  # as the controller publishes: with the group's digest (magic.common.steps)
+    pipe = r.pipeline(transaction=True)  # as the controller publishes: with the group's digest (magic.store.steps)
     StepStore(r, RUN).publish_groups(pipe, int(g.step), [g])
     pipe.execute()
 
 
 def _worker(r, engine, tmp_path, name="w"):
-    from magic.common.config import RolloutSettings
-    from magic.common.weights import make_receiver
+    from magic.rollout.settings import RolloutSettings
     from magic.rollout.worker import RolloutWorker
+    from magic.store.channels import RunChannels
+    from magic.weights import make_receiver
 
     s = RolloutSettings(worker_name=name, engine="vllm", max_batch_sequences=64)
-    return RolloutWorker(r, RUN, s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / f"cache-{name}"))
+    return RolloutWorker(RunChannels(r, RUN, name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / f"cache-{name}"))
 
 
 def _rollouts(r):
-    from magic.common import keys
-    from magic.common.bus import Stream
-    from magic.common.pb import messages_pb2 as pb
+    from magic.protocol import keys
+    from magic.protocol.pb import messages_pb2 as pb
+    from magic.store.streams import Stream
 
     return [g for _, g in Stream(r, keys.RunKeys(RUN).rollouts).read_after("0", pb.RolloutGroup, count=100)]
 
 
 def _pending(r) -> int:
-    from magic.common import keys
+    from magic.protocol import keys
 
     return r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"]
 
@@ -310,7 +312,7 @@ def _pending(r) -> int:
 def _worker_generating(r, server, engine, tmp_path, model_dir, group_id: str):
     """A rollout worker on `engine` that has loaded v0 and taken group `group_id` into generation,
     with the server frozen (`freeze`): the group is on the server, unfinished."""
-    from magic.common import keys
+    from magic.protocol import keys
 
     worker = _worker(r, engine, tmp_path)
     _publish_weights(r, tmp_path, model_dir, 0)
@@ -361,7 +363,7 @@ def test_a_server_that_dies_is_reported_and_its_group_redelivered(r, server, vll
     assert worker.problem() and "exited with code -9" in worker.problem() and not engine.healthy()
     worker.close()
     assert _pending(r) == 1 and _rollouts(r) == []
-    from magic.common import keys
+    from magic.protocol import keys
 
     assert r.xlen(keys.RunKeys(RUN).dead) == 0
     back = _worker(r, TorchEngine(str(vllm_model_dir), max_batch_sequences=64), tmp_path)  # any engine will do for the proof

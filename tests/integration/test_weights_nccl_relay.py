@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from magic.common import keys
-from magic.common.bus import Stream
-from magic.common.config import NcclTransportConfig
-from magic.common.pb import messages_pb2 as pb
-from magic.common.weights import FilesystemWeightStore
-from magic.common.weights.nccl import NcclReceiver, RedisRelayClient, live_members
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.vllm_engine import VllmEngine
-
+from magic.store.channels import RunChannels
+from magic.store.streams import Stream
+from magic.weights import FilesystemWeightStore
+from magic.weights.config import NcclTransportConfig
+from magic.weights.nccl import NcclReceiver, RedisRelayClient, live_members
 from tests.unit.rollout.vllm_server import FakeVllm
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def test_members_are_live_workers_advertising_an_endpoint(r):
     heartbeat(r, "b", {"nccl": {"instance": "i2", "gpus": 1}})
     heartbeat(r, "c", {})  # torch engine: no endpoint
     r.set(keys.heartbeat("rollout", "d"), json.dumps({"run": "other", "nccl": {"instance": "i3", "gpus": 1}}))
-    assert live_members(r, "t") == {"a/i1": 2, "b/i2": 1}
+    assert live_members(RunChannels(r, "t")) == {"a/i1": 2, "b/i2": 1}
 
 
 def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_others(r, vllm, tmp_path, tiny_model_dir):
@@ -49,7 +49,7 @@ def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_oth
     status = member.endpoint_status(engine)
     assert status["nccl"]["gpus"] == 2
     members = {member.member_key: 2}
-    relay = RedisRelayClient(r, "t", stream, members, group_id=1, wait_seconds=5)
+    relay = RedisRelayClient(RunChannels(r, "t"), members, group_id=1, wait_seconds=5)
     relay.version, relay.snapshot_uri = 1, str(tmp_path / "v000001")
 
     # what vLLM's NCCLTrainerWeightTransferEngine calls, in its order
@@ -86,7 +86,7 @@ def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_oth
 
 
 def test_finish_times_out_with_the_missing_members_named(r):
-    relay = RedisRelayClient(r, "t", Stream(r, keys.RunKeys("t").weights), {"a/x": 1, "b/y": 1}, group_id=1, wait_seconds=0.3)
+    relay = RedisRelayClient(RunChannels(r, "t"), {"a/x": 1, "b/y": 1}, group_id=1, wait_seconds=0.3)
     relay.version = 4
     r.hset(keys.RunKeys("t").weight_versions, "a", 4)
     with pytest.raises(TimeoutError, match="load v4 by NCCL"):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from magic.common import keys
-from magic.common.bus import Stream
-from magic.common.config import FilesystemTransportConfig, HttpTransportConfig
-from magic.common.pb import messages_pb2 as pb
-from magic.common.weights import MARKER, WEIGHTS_FILE, FilesystemWeightStore, WeightIntegrityError, make_receiver, make_sender
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.engine import TorchEngine
+from magic.store.channels import RunChannels
+from magic.store.streams import Stream
+from magic.weights import MARKER, WEIGHTS_FILE, FilesystemWeightStore, WeightIntegrityError, make_receiver, make_sender
+from magic.weights.config import FilesystemTransportConfig, HttpTransportConfig
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def engine(tiny_model_dir):
 
 
 def sender_for(config, r, tmp_path, engine, keep=2):
-    return make_sender(config, r=r, run_id="t", root=tmp_path / "learner" / "weights", stream=Stream(r, keys.RunKeys("t").weights),
+    return make_sender(config, channels=RunChannels(r, "t"), root=tmp_path / "learner" / "weights",
                        config_json=engine.model.config.to_json_string(), keep=keep)
 
 

@@ -2,10 +2,11 @@
 
 import pytest
 
-from magic.cli import EXIT_MEANING, Exit, build_parser, exit_for_status, main, parse_plateau, render_status
-from magic.common.config import EntropyControl, PlateauRule, StageConfig
-from magic.common.flags import merge, model_overrides
+from magic.cli import build_parser, main, parse_plateau, render_status
+from magic.config.flags import merge, model_overrides
+from magic.config.schema import EntropyControl, PlateauRule, StageConfig
 from magic.controller.client import ControllerClient, format_detail
+from magic.runtime.exits import EXIT_MEANING, Exit, exit_for_status
 
 
 def test_stage_flags_use_the_paper_names():
@@ -20,7 +21,7 @@ def test_every_scalar_stage_field_has_a_flag_with_its_docstring():
     start = stage._subparsers._group_actions[0].choices["start"]
     dests = {a.dest: a for a in start._actions}
     for name, field in StageConfig.model_fields.items():
-        if name in ("plateau", "penalties"):  # optional nested models come from a file (magic.common.flags)
+        if name in ("plateau", "penalties"):  # optional nested models come from a file (magic.config.flags)
             continue
         if name == "entropy":
             for sub, sub_field in EntropyControl.model_fields.items():

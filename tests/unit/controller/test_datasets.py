@@ -3,6 +3,7 @@ import json
 import pytest
 
 from magic.controller.datasets import DatasetError, PromptSource, load_jsonl
+from magic.store.datasets import DatasetIndex
 
 
 def write(tmp_path, rows, name="d.jsonl"):
@@ -68,7 +69,7 @@ def test_parquet_records_and_summary(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from magic.common.config import DatasetSpec
+    from magic.config.schema import DatasetSpec
     from magic.controller.datasets import load_records, summarise
 
     rows = [
@@ -90,11 +91,11 @@ def test_parquet_records_and_summary(tmp_path):
 
 
 def test_changed_file_is_refused_after_registration(tmp_path, r):
-    from magic.common.config import DatasetSpec
+    from magic.config.schema import DatasetSpec
     from magic.controller.datasets import DatasetRegistry
 
     p = write(tmp_path, [{"prompt": "x", "reward_model": {"ground_truth": "1"}}])
-    reg = DatasetRegistry(r)
+    reg = DatasetRegistry(DatasetIndex(r))
     info, created = reg.register(DatasetSpec(name="d", path=str(p)))
     assert created and reg.load("d")[0].uid == "d:1"
     p.write_text(p.read_text() + json.dumps({"prompt": "y", "reward_model": {"ground_truth": "2"}}) + "\n")

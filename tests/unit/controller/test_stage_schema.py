@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from magic.common.config import RunSpec, StageConfig
+from magic.config.schema import RunSpec, StageConfig
 from magic.controller.plan import stage_end_reason
 
 

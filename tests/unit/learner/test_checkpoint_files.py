@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from learner_batches import scored_groups, stage
-from magic.common import modeling
-from magic.common.config import OptimConfig
-from magic.learner.backends import TorchBackend
-from magic.learner.trainer import Trainer, latest_checkpoint
 from vllm_venv import VLLM_PYTHON, require_vllm
+
+from magic import modeling
+from magic.config.schema import OptimConfig
+from magic.learner.backends import TorchBackend
+from magic.learner.checkpoints import latest_checkpoint
+from magic.learner.trainer import Trainer
 
 OPTIM = OptimConfig(max_grad_norm=1.0)
 MESSAGES = [{"role": "user", "content": "Add 3+5+2"}]

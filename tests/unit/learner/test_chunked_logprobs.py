@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from magic.common import modeling
+from magic import modeling
 
 
 def test_entropy_and_logprob_hand_computed_at_a_temperature():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from magic.learner import core_algos
+from magic.learner.entropy import EntropyController
 
 E = 1e-6
 S3 = math.sqrt(1 / 3)  # unbiased std of {1, 0, 0, 1} and of {1, 0, 1}
@@ -152,20 +153,19 @@ def test_magic_loss_adds_entropy_bonus_and_k3_over_the_batch_count():
     ent = torch.tensor([[1.0, 2.0]])
     ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
     adv = torch.zeros(1, 1)
-    loss, sums = core_algos.magic_loss(
-        logp, logp.detach(), adv, torch.ones(1, 2), 4, clip_low=0.2, clip_high=0.28, entropy=ent, entropy_coef=0.1, ref_logp=ref, kl_coef=0.01
-    )
+    config = core_algos.LossConfig(clip_low=0.2, clip_high=0.28, entropy_coef=0.1, kl_coef=0.01)
+    loss, sums = core_algos.magic_loss(logp, logp.detach(), adv, torch.ones(1, 2), 4, config, entropy=ent, ref_logp=ref)
     # -(0.1 * (1 + 2)) / 4 + 0.01 * (0.5 + ln 2 - 1 + 0) / 4
     assert loss.item() == pytest.approx(-0.3 / 4 + 0.01 * (0.5 + math.log(2) - 1) / 4, rel=1e-6)
     assert sums["entropy"].item() == 3.0
     assert sums["kl_ref"].item() == pytest.approx(0.5 + math.log(2) - 1)
     with pytest.raises(ValueError, match="reference"):
-        core_algos.magic_loss(logp, logp.detach(), adv, torch.ones(1, 2), 2, clip_low=0.2, clip_high=0.2, kl_coef=0.1)
+        core_algos.magic_loss(logp, logp.detach(), adv, torch.ones(1, 2), 2, core_algos.LossConfig(clip_low=0.2, clip_high=0.2, kl_coef=0.1))
 
 
 def test_entropy_controller_follows_section_3_2_5():
-    c = core_algos.EntropyController()
-    alpha = core_algos.EntropyController.alpha
+    c = EntropyController()
+    alpha = EntropyController.alpha
     assert c.coef == 0.0  # c_0 = 0
     assert alpha(c.coef, 0.1, 0.2, True, 0.0) == (0.0, True)  # gate on, but c_0 = 0
     assert c.update(0.1, 0.2, 0.005, 0.0, 0.1) == pytest.approx(0.005)  # e < tgt: +Delta
@@ -184,7 +184,7 @@ def test_entropy_controller_follows_section_3_2_5():
     assert c.step == 56
     # not adaptive: a constant coefficient, always applied
     assert alpha(0.0, 0.9, 0.2, False, 0.003) == (0.003, True)
-    restored = core_algos.EntropyController()
+    restored = EntropyController()
     restored.load_state_dict(c.state_dict())
     assert restored == c
 
@@ -192,10 +192,10 @@ def test_entropy_controller_follows_section_3_2_5():
 def test_entropy_controller_decides_one_steps_gate_and_coefficient():
     """The step's decisions as the trainer uses them: e_k is measured before the update only when
     alpha_k depends on it (adaptive, c_k > 0); otherwise the gate comes from the update pass."""
-    from magic.common.config import EntropyControl
+    from magic.config.schema import EntropyControl
 
     ent = EntropyControl(target=0.2, delta=0.005, coef_max=0.1)
-    c = core_algos.EntropyController()
+    c = EntropyController()
     assert not c.gate_needs_entropy_first(ent) and c.alpha_for(ent, None) == (0.0, None)  # c_0 = 0
     assert c.finish_step(ent, 0.1, None) is True and c.coef == pytest.approx(0.005)  # e_k < tgt: gate on, +Delta
     assert c.gate_needs_entropy_first(ent) and c.current(ent) == pytest.approx(0.005)
@@ -247,9 +247,10 @@ def test_kl_old_is_k3_of_kl_theta_old_and_ppo_kl_is_verls():
 def test_doctests():
     import doctest
 
-    from magic.common import config
-    from magic.learner import trainer
+    from magic.config import schema as config
+    from magic.learner import batching, trainer
 
     assert doctest.testmod(core_algos).failed == 0
     assert doctest.testmod(trainer).failed == 0
+    assert doctest.testmod(batching).failed == 0
     assert doctest.testmod(config).failed == 0

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import torch
 
-from magic.common.config import OptimConfig, StageConfig
-from magic.common.pb import messages_pb2 as pb
+from magic.config.schema import OptimConfig, StageConfig
 from magic.learner.backends import TorchBackend
 from magic.learner.trainer import Trainer
+from magic.protocol.pb import messages_pb2 as pb
 
 V, PROMPT = 16, 1
 

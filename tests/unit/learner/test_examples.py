@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from learner_batches import scored_groups
-from magic.cli import load_file
-from magic.common import modeling
-from magic.common.config import RunSpec, StageConfig
+
+from magic import modeling
+from magic.config.files import load_file
+from magic.config.schema import RunSpec, StageConfig
 from magic.learner.backends import TorchBackend
 from magic.learner.trainer import Trainer
 from magic.reward.penalties import PenaltyInput, compute_penalties

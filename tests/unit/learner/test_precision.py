@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from learner_batches import scored_groups, stage
-from magic.common import modeling
-from magic.common.config import LearnerSettings, OptimConfig
-from magic.common.weights.filesystem import FilesystemWeightStore
+
+from magic import modeling
+from magic.config.schema import OptimConfig
 from magic.learner.backends import TorchBackend
+from magic.learner.settings import LearnerSettings
 from magic.learner.trainer import Trainer
 from magic.learner.worker import publish_dtype
 from magic.rollout.engine import GenerationRequest, TorchEngine
+from magic.weights.filesystem import FilesystemWeightStore
 
 OPTIM = OptimConfig(max_grad_norm=1.0)
 BF16_LOGPROB_ATOL = 0.05

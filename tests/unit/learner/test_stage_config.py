@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from magic.common.config import LearnerSettings, StageConfig
+from magic.config.schema import StageConfig
+from magic.learner.settings import LearnerSettings
 
 BASE = {"steps": 1, "T": 8, "D_R": 8, "gs": 2}
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from learner_batches import scored_groups, stage
-from magic.common import modeling
-from magic.common.config import OptimConfig
+
+from magic import modeling
+from magic.config.schema import OptimConfig
 from magic.learner.backends import TorchBackend
-from magic.learner.trainer import Trainer, build_sequences, latest_checkpoint
+from magic.learner.batching import build_sequences
+from magic.learner.checkpoints import latest_checkpoint
+from magic.learner.trainer import Trainer
 
 OPTIM = OptimConfig(max_grad_norm=1.0)
 
@@ -168,7 +170,7 @@ def test_minibatch_rule_size_takes_fewer_steps_after_rejection(tiny_model_dir):
 
 
 def test_split_minibatches_counts():
-    from magic.learner.trainer import Sequence, split_minibatches
+    from magic.learner.batching import Sequence, split_minibatches
 
     groups = [[Sequence([1, 2, 3], 1, [0.0, 0.0], 1.0) for _ in range(4)] for _ in range(5)]
     assert [len(m) for m in split_minibatches(groups, 4)] == [8, 4, 4, 4]

@@ -7,16 +7,11 @@ import json
 
 import pytest
 
-from magic.reward import code_tests, code_verifier, penalties
-from magic.reward.code_tests import (
-    GroundTruthError,
-    WireError,
-    call_matches,
-    from_wire,
-    parse_ground_truth,
-    stdout_matches,
-)
-from magic.reward.sandbox_child import _exception, plain, unplain
+from magic.reward import penalties
+from magic.reward.code import cases as code_tests
+from magic.reward.code import verifier as code_verifier
+from magic.reward.code.cases import GroundTruthError, WireError, call_matches, from_wire, parse_ground_truth, stdout_matches
+from magic.reward.sandbox.child import _exception, plain, unplain
 
 
 @pytest.mark.parametrize("module", [code_tests, code_verifier, penalties])

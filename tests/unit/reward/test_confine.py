@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from magic.reward import confine
+from magic.reward.sandbox import confine
 
 
 def test_doctests():

@@ -38,7 +38,7 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def pool():
-    with TimeboxedPool(workers=2, timeout=BOUND, preload=["magic.reward.scoring", "magic.reward.math_equiv", "math_verify"]) as p:
+    with TimeboxedPool(workers=2, timeout=BOUND, preload=["magic.reward.scoring", "magic.reward.math.equiv", "math_verify"]) as p:
         assert p.call(verify_math, "magic", r"\boxed{1}", "1", "").value.correct  # warm
         yield p
 

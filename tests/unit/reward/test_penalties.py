@@ -6,8 +6,8 @@ import doctest
 
 import pytest
 
-from magic.common.config import PenaltySettings, StageConfig
-from magic.common.pb import messages_pb2 as pb
+from magic.config.schema import PenaltySettings, StageConfig
+from magic.protocol.pb import messages_pb2 as pb
 from magic.reward import penalties
 from magic.reward.penalties import PenaltyInput, compute_penalties
 from magic.reward.worker import samples_of

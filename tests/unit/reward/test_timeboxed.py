@@ -7,9 +7,9 @@ import threading
 import time
 
 import pytest
+from waiting import alive, wait_for
 
 from magic.reward.timeboxed import TimeboxedPool
-from waiting import alive, wait_for
 
 
 def slow(seconds: float) -> str:

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from magic.common import modeling
-from magic.common.pb import messages_pb2 as pb
+from magic import modeling
+from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.engine import GenerationRequest, TorchEngine
 
 
@@ -103,7 +103,7 @@ def test_abort_drops_groups_and_frees_their_slots(tiny_model_dir):
 
 
 def test_weights_cannot_change_under_groups_in_flight(tiny_model_dir, tmp_path):
-    from magic.common.weights import Checkpoint
+    from magic.weights import Checkpoint
 
     engine = TorchEngine(str(tiny_model_dir))
     engine.submit("a", GenerationRequest(engine.render_prompt([{"role": "user", "content": "Add 1+1"}]), n=1, max_tokens=5))

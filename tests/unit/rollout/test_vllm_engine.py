@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from magic.common.pb import messages_pb2 as pb
-from magic.common.weights import Checkpoint, WeightIntegrityError
+from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.engine import GenerationRequest
-from magic.common.httpclient import KEEPALIVE_EXPIRY
 from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied, completion_request, parse_completion
+from magic.runtime.httpclient import KEEPALIVE_EXPIRY
+from magic.weights import Checkpoint, WeightIntegrityError
 
 from .vllm_server import FakeVllm
 
@@ -194,7 +194,7 @@ def test_a_500_from_a_server_whose_health_fails_is_the_servers_death_not_the_gro
         for _ in range(50):
             engine.step()
     assert engine.in_flight() == ["a"]
-    from magic.common.service import WorkerRestart
+    from magic.runtime.service import WorkerRestart
 
     assert issubclass(VllmServerDied, WorkerRestart)  # the runtime re-attaches instead of failing the run
 

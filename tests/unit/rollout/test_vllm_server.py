@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from magic.common.config import RolloutSettings
 from magic.local.launcher import engine_env, transport_env
 from magic.rollout import vllm_ext
+from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_server import EXTENSION, VllmServer, VllmServerConfig, VllmServerError, extension_path, server_command, server_env
 
 

@@ -1,0 +1,281 @@
+"""The `magic` command.
+
+Services and the local loop:
+
+    magic serve {controller,rollout,reward,learner}   run one service (settings from MAGIC_* env)
+    magic demo prepare [--out DIR]                    build the tiny model + data (cached)
+    magic local [options]                             the whole loop on this machine
+
+The controller's API (URL from --url or MAGIC_CONTROLLER_URL, token from --token or MAGIC_API_TOKEN):
+
+    magic dataset register NAME PATH                  validate and register a JSONL/Parquet dataset
+    magic dataset list
+    magic run create -f run.json                      create a run (model, datasets, stage plan)
+    magic run list | get RUN | pause RUN | resume RUN | stop RUN
+    magic stage start RUN --name s2 --steps 100 --T 16384 --D_R 64 --gs 16 [--tau 1 --lr 1e-6 ...]
+    magic plan submit RUN -f plan.json                append several stages that advance by themselves
+    magic status RUN [--watch]                        stage, step, version, workers, last step; live view
+
+Heavy libraries (torch, fastapi) are imported only by the subcommand that needs them. Nothing
+imports this module: it is the leaf of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from magic.config.files import load_file
+from magic.config.flags import add_model_flags, merge, model_overrides
+from magic.config.schema import StageConfig
+from magic.controller.client import ClientError, ControllerClient
+from magic.local.options import add_arguments
+from magic.protocol.status import TERMINAL, RunStatus
+from magic.runtime.exits import Exit, exit_codes_help, exit_for_status
+
+SERVICES = ("controller", "rollout", "reward", "learner")
+
+
+def _version() -> str:
+    """The installed distribution's version (declared once, in pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("magic-rl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_api_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="controller URL (default: $MAGIC_CONTROLLER_URL or http://127.0.0.1:8080)")
+    p.add_argument("--token", default=None, help="API token (default: $MAGIC_API_TOKEN)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="magic",
+        description="MAGIC: multi-stage GRPO with adaptive entropy control. Start with `magic local`.",
+        epilog=exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"magic {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run one service")
+    serve.add_argument("service", choices=SERVICES)
+
+    demo = sub.add_parser("demo", help="the tiny demo model and task")
+    demo_sub = demo.add_subparsers(dest="demo_command", required=True)
+    prep = demo_sub.add_parser("prepare", help="build the tokenizer, model, data and supervised warm start (cached)")
+    prep.add_argument("--out", default=".magic/demo", help="output directory (default: .magic/demo)")
+    prep.add_argument("--force", action="store_true", help="rebuild even if a cached copy exists")
+
+    local = sub.add_parser("local", help="run the whole loop on this machine (private Redis, all services, tiny model)")
+    add_arguments(local)
+
+    dataset = sub.add_parser("dataset", help="register and list datasets")
+    ds_sub = dataset.add_subparsers(dest="action", required=True)
+    reg = ds_sub.add_parser("register", help="validate a JSONL/Parquet file of verl records and register it")
+    reg.add_argument("name")
+    reg.add_argument("path", help="file path as the controller sees it")
+    reg.add_argument("--format", default="auto", choices=("auto", "jsonl", "parquet"))
+    reg.add_argument("--replace", action="store_true", help="replace a dataset registered under the same name")
+    ds_list = ds_sub.add_parser("list", help="registered datasets")
+    for p in (reg, ds_list):
+        _add_api_arguments(p)
+
+    run = sub.add_parser("run", help="create, list and control runs")
+    run_sub = run.add_subparsers(dest="action", required=True)
+    create = run_sub.add_parser("create", help="create a run from a JSON/YAML spec (name, model, datasets, stages)")
+    create.add_argument("-f", "--file", required=True, help="run spec file ('-' for stdin)")
+    _add_api_arguments(create)
+    run_list = run_sub.add_parser("list", help="all runs")
+    _add_api_arguments(run_list)
+    for action in ("get", "pause", "resume", "stop"):
+        p = run_sub.add_parser(action, help=f"{action} a run")
+        p.add_argument("run")
+        _add_api_arguments(p)
+
+    stage = sub.add_parser("stage", help="start the next stage of a run")
+    stage_sub = stage.add_subparsers(dest="action", required=True)
+    start = stage_sub.add_parser("start", help="append a stage (starts when the current stage ends, or now if the run waits)")
+    start.add_argument("run")
+    start.add_argument("-f", "--file", help="stage config file (JSON/YAML); flags override its fields")
+    fields = start.add_argument_group("stage settings (StageConfig; a flag left out keeps the file's value or the schema's default)")
+    add_model_flags(fields, StageConfig, "stage")
+    fields.add_argument(
+        "--plateau", default=None, metavar="METRIC[:WINDOW[:MIN_DELTA]]",
+        help="end condition: end the stage early once METRIC stops improving (PlateauRule; parts left out keep its defaults)",
+    )
+    _add_api_arguments(start)
+
+    plan = sub.add_parser("plan", help="submit a whole stage plan")
+    plan_sub = plan.add_subparsers(dest="action", required=True)
+    submit = plan_sub.add_parser("submit", help="append stages that advance by themselves")
+    submit.add_argument("run")
+    submit.add_argument("-f", "--file", required=True, help='{"stages": [...], "on_plan_end": "finish"|"wait"} or a list of stages')
+    _add_api_arguments(submit)
+
+    status = sub.add_parser("status", help="a run's stage, step, policy version, workers and last step")
+    status.add_argument("run")
+    status.add_argument("--watch", "-w", action="store_true", help="refresh until the run ends")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
+    status.add_argument("--json", action="store_true", help="print the raw status JSON")
+    _add_api_arguments(status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve_service(args.service)
+    if args.command == "demo":
+        from magic.demo.prepare import prepare  # heavy (torch, transformers), as every import below
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        prepare(args.out, force=args.force, progress=True)
+        return 0
+    if args.command == "local":
+        from magic.local.launcher import launch  # the services' client code and its dependencies: not for `magic --help`
+
+        return launch(args)
+    return api_command(args)
+
+
+def serve_service(name: str) -> int:
+    """Run one service; only its own (heavy) dependencies are imported."""
+    if name == "controller":
+        from magic.controller.app import run  # fastapi
+    elif name == "rollout":
+        from magic.rollout.worker import run  # torch
+    elif name == "reward":
+        from magic.reward.worker import run  # sympy, the sandbox
+    else:
+        from magic.learner.worker import run  # torch
+    return run()
+
+
+# -- the API commands ---------------------------------------------------------------------------
+
+
+def api_command(args: argparse.Namespace) -> int:
+    try:
+        with ControllerClient(args.url, args.token) as client:
+            return _dispatch(client, args)
+    except ClientError as exc:
+        print(f"magic: {exc}", file=sys.stderr)
+        return exit_for_status(exc.status)
+    except (OSError, ValueError) as exc:  # unreadable or malformed spec file or flag value
+        print(f"magic: {exc}", file=sys.stderr)
+        return Exit.usage
+    except KeyboardInterrupt:
+        return Exit.interrupted
+
+
+def _dispatch(client, args: argparse.Namespace) -> int:
+    cmd, action = args.command, getattr(args, "action", None)
+    if cmd == "dataset" and action == "register":
+        info = client.register_dataset(args.name, args.path, args.format, args.replace)
+        print(f"dataset {info['name']}: {info['records']} records ({info['format']}), data sources {info['data_sources']}")
+    elif cmd == "dataset":
+        for d in client.datasets():
+            print(f"{d['name']:24s} {d['records']:8d} records  {d['path']}")
+    elif cmd == "run" and action == "create":
+        view = client.create_run(load_file(args.file))
+        print(f"run {view['name']} created: {len(view['spec']['stages'])} stages, up to {view['total_steps']} steps; status {view['status']}")
+    elif cmd == "run" and action == "list":
+        for r in client.runs():
+            print(f"{r['name']:24s} {r['status']:10s} step {r['step']}")
+    elif cmd == "run" and action == "get":
+        print(json.dumps(client.run(args.run), indent=1))
+    elif cmd == "run":
+        view = client.action(args.run, action)
+        print(f"run {view['name']}: {view['status']}" + (f" (requested: {', '.join(view['requested'])})" if view["requested"] else ""))
+    elif cmd == "stage":
+        stage = load_file(args.file) if args.file else {}
+        if not isinstance(stage, dict):
+            raise ValueError(f"{args.file}: a stage file holds one JSON/YAML object (StageConfig)")
+        stage = merge(StageConfig, stage, model_overrides(args, StageConfig, "stage"))
+        if args.plateau:
+            stage["plateau"] = parse_plateau(args.plateau)
+        view = client.start_stage(args.run, stage)
+        added = view["spec"]["stages"][-1]
+        print(f"run {view['name']}: stage {added['name']!r} appended (T={added['context_length']}, D_R={added['rollout_batch_size']}, gs={added['group_size']}); status {view['status']}")
+    elif cmd == "plan":
+        doc = load_file(args.file)
+        if not isinstance(doc, (list, dict)):
+            raise ValueError(f"{args.file}: a plan file holds a list of stages or {{\"stages\": [...], \"on_plan_end\": ...}}")
+        stages, end = (doc, None) if isinstance(doc, list) else (doc.get("stages", []), doc.get("on_plan_end"))
+        view = client.submit_plan(args.run, stages, end)
+        print(f"run {view['name']}: plan of {len(view['spec']['stages'])} stages; status {view['status']}")
+    elif cmd == "status":
+        return _status(client, args)
+    return 0
+
+
+def parse_plateau(text: str) -> dict:
+    """`METRIC[:WINDOW[:MIN_DELTA]]` as a PlateauRule dict; empty parts keep PlateauRule's defaults.
+
+    >>> parse_plateau("reward_mean:5")
+    {'metric': 'reward_mean', 'window': 5}
+    >>> parse_plateau("::0.02")
+    {'min_delta': 0.02}
+    """
+    parts = text.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"--plateau {text!r}: expected METRIC[:WINDOW[:MIN_DELTA]]")
+    rule: dict = {}
+    for key, kind, part in zip(("metric", "window", "min_delta"), (str, int, float), parts):
+        if part:
+            try:
+                rule[key] = kind(part)
+            except ValueError:
+                raise ValueError(f"--plateau {text!r}: {key} must be {kind.__name__}, got {part!r}") from None
+    return rule
+
+
+def render_status(view: dict) -> str:
+    """A run's status as a few lines of text."""
+    lines = [f"run {view['name']}: {view['status']}  (phase {view['phase']}, step {view['step']}/{view['total_steps']}, policy version {view.get('policy_version')})"]
+    if view.get("stage_name"):
+        lines.append(f"stage {view['stage']} '{view['stage_name']}'  T={view['context_length']}")
+    if view.get("error"):
+        lines.append(f"error: {view['error']}")
+    workers = ", ".join(f"{svc} {len(ws)}" for svc, ws in view["workers"].items())
+    lines.append(f"live workers: {workers}")
+    tp = view.get("throughput") or {}
+    if tp.get("steps_per_hour"):
+        lines.append(f"throughput: {tp['steps_per_hour']:.1f} steps/h, {tp['samples_per_second']:.2f} samples/s, {tp['response_tokens_per_second']:.1f} response tokens/s")
+    f = view.get("filtering") or {}
+    if any(f.get(k) for k in ("dropped_online", "dropped_estimated_0", "dropped_estimated_all")):
+        lines.append(f"filtered prompts: online {f['dropped_online']}, estimated 0/N {f['dropped_estimated_0']}, N/N {f['dropped_estimated_all']}")
+    for s in view.get("stages", []):
+        end = f"ended at step {s['end_step']} ({s['end_reason']})" if s.get("end_step") is not None else "running"
+        lines.append(f"  stage {s['index']} '{s['name']}' T={s['context_length']}: from step {s['start_step']}, {s['prompts']} prompts, {s['dropped_online']} dropped online; {end}")
+    last = view.get("last_metrics")
+    if last:
+        figures = ("reward_mean", "accuracy_all", "entropy", "response_clip_ratio", "response_length_mean", "step_seconds_total")
+        lines.append("last step " + str(last["step"]) + ": " + "  ".join(f"{k} {last[k]:.3f}" for k in figures if isinstance(last.get(k), (int, float))))
+    return "\n".join(lines)
+
+
+def _status(client, args: argparse.Namespace) -> int:
+    tty = sys.stdout.isatty()
+    while True:
+        view = client.run(args.run)
+        if args.json:
+            print(json.dumps(view, indent=1), flush=True)
+        else:
+            if args.watch and tty:
+                print("\033[H\033[J", end="")
+            print(render_status(view), flush=True)
+        if not args.watch or RunStatus(view["status"]) in TERMINAL:
+            return Exit.failed if view["status"] == RunStatus.failed else Exit.ok
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The response shapes of runs: status (from Redis and heartbeats), stage records, filtering counts."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from magic.config.schema import RunSpec
+from magic.controller.api.deps import Controller, spec_or_404
+from magic.protocol.status import Phase, RunStatus
+
+THROUGHPUT_STEPS = 10
+"""Steps the throughput figures average over."""
+
+
+class Throughput(BaseModel):
+    steps_per_hour: float | None = None
+    samples_per_second: float | None = None
+    response_tokens_per_second: float | None = None
+
+
+class Filtering(BaseModel):
+    """Prompts left out of training, by reason (§6)."""
+
+    dropped_online: int = 0
+    """Solved in every sample during a previous stage (online filtering at stage starts)."""
+    dropped_estimated_0: int = 0
+    """Solved 0/N times by the difficulty estimation."""
+    dropped_estimated_all: int = 0
+    """Solved N/N times by the difficulty estimation."""
+    estimation: dict | None = None
+    """The difficulty estimation's progress (status, prompts, published, received, dropped_0, dropped_all)."""
+
+
+class RunView(BaseModel):
+    name: str
+    status: RunStatus
+    phase: Phase
+    step: int
+    """Steps completed (the barrier is at step `step`)."""
+    total_steps: int
+    """Steps of the plan if every stage runs all its steps (plateau rules may end stages earlier)."""
+    stage: int | None = None
+    stage_name: str | None = None
+    context_length: int | None = None
+    policy_version: int | None = None
+    requested: list[str]
+    """Pending requests to the driver (pause, stop)."""
+    error: str | None = None
+    workers: dict[str, dict[str, dict]]
+    """Live processes of the run by service (rollout, reward, learner), from their heartbeats."""
+    throughput: Throughput
+    last_metrics: dict | None = None
+    stages: list[dict]
+    """One record per started stage: start/end step, why it ended, prompts, filter counts."""
+    filtering: Filtering
+    spec: RunSpec
+
+
+def filtering(c: Controller, run_id: str) -> Filtering:
+    run = c.runs[run_id]
+    reasons = [d["reason"] for d in run.dropped().values()]
+    est = run.estimation()
+    return Filtering(
+        dropped_online=reasons.count("solved"),
+        dropped_estimated_0=reasons.count("estimated_0"),
+        dropped_estimated_all=reasons.count("estimated_all"),
+        estimation=est,
+    )
+
+
+def throughput(records: list[dict]) -> Throughput:
+    seconds = sum(r.get("step_seconds_total") or 0.0 for r in records)
+    if not records or seconds <= 0:
+        return Throughput()
+    samples = sum(r.get("samples") or 0.0 for r in records)
+    tokens = sum((r.get("samples") or 0.0) * (r.get("response_length_mean") or 0.0) for r in records)
+    return Throughput(steps_per_hour=3600 * len(records) / seconds, samples_per_second=samples / seconds, response_tokens_per_second=tokens / seconds)
+
+
+def run_view(c: Controller, run_id: str) -> RunView:
+    spec = spec_or_404(c, run_id)
+    run = c.runs[run_id]
+    state = run.state()
+    step = int(state.get("step", 0))
+    index = int(state.get("stage", -1))
+    stage = spec.stages[index] if 0 <= index < len(spec.stages) else None
+    workers = {svc: run.alive(svc) for svc in ("rollout", "reward", "learner")}
+    recent = run.metrics(since=max(0, step - THROUGHPUT_STEPS))
+    return RunView(
+        name=run_id,
+        status=RunStatus(state.get("status", "pending")),
+        phase=Phase(state.get("phase", Phase.publish.value)),
+        step=step,
+        total_steps=spec.total_steps,
+        stage=index if stage else None,
+        stage_name=stage.name if stage else None,
+        context_length=stage.context_length if stage else None,
+        policy_version=int(state["policy_version"]) if "policy_version" in state else None,
+        requested=sorted(run.requested()),
+        error=state.get("error"),
+        workers=workers,
+        throughput=throughput(recent),
+        last_metrics=recent[-1] if recent else None,
+        stages=run.stage_records(),
+        filtering=filtering(c, run_id),
+        spec=spec,
+    )

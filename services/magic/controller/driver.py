@@ -1,0 +1,341 @@
+"""The on-policy step barrier: one thread per active run, read like the paper's outer loop.
+
+    [estimate]  offline difficulty estimation (§6), if the run asks for it: N samples of every
+                prompt with policy version 0; prompts solved 0/N or N/N are dropped
+    for k = 0, 1, 2, ...
+        at a stage boundary: end the stage (its step count or plateau rule), start the next one
+                 with online filtering (prompts solved in every sample during the previous
+                 stage are dropped), or finish / wait for a stage when the plan is done
+        wait until every live rollout worker serves policy version k      (publish)
+        publish D_R prompt groups tagged (step k, version k, the stage's T, gs, tau)
+        wait for the learner's StepCompleted(k): it trained and published k+1   (rollout)
+        wait until every live rollout worker serves version k + 1          (sync)
+        record step k's figures (learner metrics + phase timings) in Redis and the JSONL log
+
+Restarts. The barrier position (step k, phase) lives in the run's state hash and moves only in
+the MULTI/EXEC transaction that performs the phase's effect: the prompts of step k are
+published together with `phase = rollout`, and step k's record is appended together with
+`step = k + 1, phase = publish` and the acknowledgement of StepCompleted(k). A controller killed
+at any point (SIGKILL included) and started again therefore re-publishes a step only if it was
+never published, never publishes a completed step again, and records each step exactly once.
+StepCompleted events stay pending in the controller's consumer group until recorded, so a
+restarted controller reads them again. Every write is a `RunStore` (run state) or `StepStore`
+(the step contract) call, in the run store's transactions where the barrier moves.
+
+The driver's other roles live next to it: the run lease (`lease.py`), stages and online filtering
+(`plan.py`), offline difficulty estimation (`estimation.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from magic.config.schema import RunSpec
+from magic.controller.datasets import DatasetError, DatasetRegistry, group_seed, load_pool, prompt_group
+from magic.controller.errors import RunFailed
+from magic.controller.estimation import DifficultyEstimation
+from magic.controller.plan import CurrentStage, StagePlan
+from magic.controller.settings import ControllerSettings
+from magic.controller.stream_metrics import StreamSampler
+from magic.observability import metrics as m
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.protocol.status import TERMINAL, Phase, RunStatus
+from magic.runtime import faults
+from magic.store.client import RedisError, is_retryable
+from magic.store.runs import Runs, finite
+from magic.store.steps import event_problem
+
+log = logging.getLogger(__name__)
+
+GROUP = keys.CONTROLLER_GROUP
+CONSUMER = "controller"  # one controller per deployment: a restarted one re-reads what its predecessor left pending
+
+
+class Stopped(Exception):
+    """A user asked the run to stop."""
+
+
+class Shutdown(Exception):
+    """The controller process is shutting down (or lost the run's lease to another controller);
+    the run's state stays as it is."""
+
+
+class StepDriver(threading.Thread):
+    """Drives one run's steps until its plan is done, it is stopped, or something fails."""
+
+    def __init__(self, runs: Runs, datasets: DatasetRegistry, run_id: str, settings: ControllerSettings):
+        super().__init__(name=f"driver-{run_id}", daemon=True)
+        self.run_id = run_id
+        self.settings = settings
+        self.datasets = datasets
+        self.store = runs[run_id]
+        self.channels = runs.channels(run_id, CONSUMER, settings.max_deliveries)
+        self.steps = self.channels.steps
+        self.armed = settings.armed_faults
+        self.shutdown = threading.Event()
+        self.wake = threading.Event()  # set by the API after a request, to react at once
+        self.stream_sampler = StreamSampler(self.channels)
+        self.retention = self.store.retention(settings.filter_group, enabled=settings.trim_streams)
+        self.lease = self.store.lease(f"{settings.worker_name}-{uuid.uuid4().hex[:8]}", settings.lease_seconds)
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            if self.lease.acquire(self.shutdown, given_up=lambda: self.store.status() in TERMINAL):
+                self.retention.start()  # trims acknowledged entries while the run is driven
+                self._run()
+        finally:
+            self.retention.stop()
+            self.lease.release()
+
+    def _renew_lease(self) -> None:
+        if not self.lease.renew():
+            raise Shutdown(f"lost the lease of run {self.run_id} to another controller")
+
+    def _run(self) -> None:
+        while True:
+            try:
+                finished = self.drive()
+                self.stream_sampler.sample()  # the streams' final state: throttled samples may predate the last steps
+                self.store.finish(RunStatus.finished if finished else RunStatus.stopped)
+                log.info("run %s %s", self.run_id, "finished" if finished else "stopped")
+                return
+            except Shutdown as exc:
+                log.info("run %s: %s; the run's state is kept", self.run_id, exc if str(exc) else "controller shutting down")
+                return
+            except Stopped:
+                self.store.finish(RunStatus.stopped)
+                log.info("run %s stopped", self.run_id)
+                return
+            except Exception as exc:  # noqa: BLE001 — Redis restarting or refusing: resume from the persisted state
+                if not is_retryable(exc):
+                    self._fail(exc)
+                    return
+                log.warning("run %s: lost Redis (%s); resuming from the persisted state", self.run_id, exc)
+                if self.shutdown.wait(2.0):
+                    return
+
+    def _fail(self, exc: Exception) -> None:
+        """Any failure that is not a Redis outage ends the run with its reason."""
+        log.error("run %s failed", self.run_id, exc_info=exc)
+        try:
+            self.store.finish(RunStatus.failed, error=f"{type(exc).__name__}: {exc}")
+        except RedisError:
+            log.exception("run %s: cannot record the failure", self.run_id)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def drive(self) -> bool:
+        """Run steps until the plan is done (True) or a stop is requested (False)."""
+        self._open_consumers()
+        spec = self._spec()
+        try:
+            pool = load_pool(self.datasets, spec.datasets)
+        except DatasetError as exc:
+            raise RunFailed(str(exc)) from None
+        self.store.sync_jsonl()
+        state = self.store.state()
+        k, phase = int(state.get("step", 0)), Phase(state.get("phase", Phase.publish.value))
+        self.store.update(started_at=state.get("started_at") or time.time())
+        if phase is Phase.estimate:
+            self.store.update(status=RunStatus.estimating)
+            DifficultyEstimation(self.store, self.steps, self.estimates, self.settings).run(
+                spec, pool, k, tick=lambda: (self._check_control(), self._check_events()), wait_for_version=self.wait_for_version
+            )
+            phase = Phase.publish
+        self.store.update(status=RunStatus.running)
+        while True:
+            self._check_control(allow_pause=phase is Phase.publish)
+            if phase is Phase.publish:
+                stage = self.plan.stage_for(self._spec(), k, pool)
+                if stage is None:
+                    if self._spec().on_plan_end == "finish":
+                        return True
+                    self._wait_for_stage()
+                    continue
+                m.STAGE.set(stage.index)
+                m.CONTEXT_LENGTH.set(stage.config.context_length)
+                m.STEP.set(k)
+                self.wait_for_version(k, allow_pause=True)
+                self._check_control(allow_pause=True)
+                self.publish_step(k, stage)
+                phase = Phase.rollout
+            if phase is Phase.rollout:
+                self.wait_for_step(k)
+                faults.point(self.armed, "controller.completed", k)
+                phase = Phase.sync
+                self.store.update(phase=phase)
+            if phase is Phase.sync:
+                synced_at = self.wait_for_version(k + 1)
+                self.record_step(k, synced_at)
+                k, phase = k + 1, Phase.publish
+
+    def _spec(self) -> RunSpec:
+        spec = self.store.spec()
+        if spec is None:
+            raise RunFailed("the run's spec is gone from Redis")
+        return spec
+
+    def _open_consumers(self) -> None:
+        self.events = self.channels.group("events", GROUP)
+        scored = self.channels.group("scored", self.settings.filter_group)
+        self.estimates = self.channels.group("estimates", GROUP)
+        self.plan = StagePlan(self.store, self.steps, scored)
+        self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
+
+    # -- control: pause, resume, stop, shutdown ------------------------------------------------
+
+    def _check_control(self, allow_pause: bool = False) -> None:
+        if self.shutdown.is_set():
+            raise Shutdown()
+        self._renew_lease()
+        requested = self.store.requested()
+        if "stop" in requested:
+            raise Stopped()
+        if allow_pause and "pause" in requested:
+            self.store.update(status=RunStatus.paused)
+            log.info("run %s paused", self.run_id)
+            while "pause" in (requested := self.store.requested()):
+                if "stop" in requested:
+                    raise Stopped()
+                if self.shutdown.is_set():
+                    raise Shutdown()
+                self._check_events()
+                self.wake.wait(0.2)
+                self.wake.clear()
+            self.store.update(status=RunStatus.running)
+            log.info("run %s resumed", self.run_id)
+
+    def _wait_for_stage(self) -> None:
+        """The plan is done and the run waits: return once a stage was appended."""
+        self.store.update(status=RunStatus.waiting)
+        stages = len(self._spec().stages)
+        log.info("run %s: plan done after %d stages; waiting for the next stage", self.run_id, stages)
+        while len(self._spec().stages) == stages:
+            self._check_control()
+            self._check_events()
+            self.wake.wait(0.2)
+            self.wake.clear()
+        self.store.update(status=RunStatus.running)
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def publish_step(self, k: int, stage: CurrentStage) -> None:
+        """Publish step k's D_R prompt groups, tagged with version k and the stage's settings,
+        and move the barrier to `rollout` in the same transaction."""
+        cfg = self._spec().stages[stage.index]  # re-read: the driver never trains on a stale copy
+        records = stage.source.take((k - stage.start) * cfg.rollout_batch_size, cfg.rollout_batch_size)
+        seed = self._spec().seed
+        groups = [
+            prompt_group(
+                self.run_id, rec, f"{k}:{i:05d}", k, stage.index, pb.GROUP_KIND_TRAIN,
+                pb.SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.context_length, seed=group_seed(seed, k, i)),
+            )
+            for i, rec in enumerate(records)
+        ]
+        if cfg.penalties is not None:  # the stage's penalties travel with each group to the reward service
+            for group in groups:
+                group.penalties_json = cfg.penalties.model_dump_json()
+        with self.store.transaction() as tx:
+            self.steps.publish_step(tx, k, stage.index, cfg, groups)
+            self.store.set_phase(tx, Phase.rollout, stage.index)
+        faults.point(self.armed, "controller.published", k)
+        log.info("step %d (stage %d '%s', T=%d): published %d prompt groups", k, stage.index, cfg.name, cfg.context_length, len(records))
+
+    def wait_for_version(self, version: int, allow_pause: bool = False) -> float:
+        """Block until at least one rollout worker of this run serves `version` and none serves
+        an older one; returns when that happened. A pause is honoured while waiting when
+        `allow_pause` (nothing of the step is out yet)."""
+        deadline = time.monotonic() + self.settings.worker_wait_seconds
+        while True:
+            self._check_events()
+            workers = self.channels.alive("rollout")
+            served = self.steps.served_versions()
+            live = [served.get(n, -1) for n in workers]
+            m.LIVE_WORKERS.labels(service="rollout").set(len(workers))
+            if live and min(live) >= version:
+                m.POLICY_VERSION.set(min(live))
+                return time.time()
+            self._check_control(allow_pause)
+            if time.monotonic() > deadline:
+                raise RunFailed(
+                    f"no rollout worker serves policy version {version} after {self.settings.worker_wait_seconds:.0f}s "
+                    f"(live workers and versions: { {n: served.get(n, -1) for n in workers} })"
+                )
+            time.sleep(0.05)
+
+    def wait_for_step(self, k: int) -> pb.StepCompleted:
+        deadline = time.monotonic() + self.settings.step_timeout_seconds
+        while k not in self._completed:
+            self._check_events(block_ms=200)
+            self._check_control()
+            if time.monotonic() > deadline:
+                raise RunFailed(f"step {k} did not complete within {self.settings.step_timeout_seconds:.0f}s")
+        return self._completed[k][1]
+
+    def _check_events(self, block_ms: int = 0) -> None:
+        """Consume control events: remember StepCompleted, fail on WorkerError; record the
+        outcomes of scored groups for online filtering; sample the stream gauges."""
+        self._renew_lease()
+        self.stream_sampler.maybe_sample()
+        self.plan.read_scored()
+        for entry in self.events.read(count=100, block_ms=block_ms or 1):
+            event = self.events.decode(entry, pb.Event, check=self._event_problem)
+            if event is None:
+                continue
+            kind = event.WhichOneof("kind")
+            if kind == "step_completed":
+                self._completed[event.step_completed.step] = (entry.id, event.step_completed)
+                continue  # acknowledged once the step is recorded
+            self.events.ack(entry.id)
+            if kind == "worker_error":
+                raise RunFailed(f"{event.worker_error.service} {event.source}: {event.worker_error.message}")
+
+    def _event_problem(self, event: pb.Event) -> str | None:
+        """Why `event` is refused, or None: a StepCompleted(k) counts only once the learner has
+        committed step k (the same MULTI sends it), so a stray or forged one cannot move the barrier."""
+        if (problem := event_problem(event, self.run_id)) is not None:
+            return problem
+        if event.WhichOneof("kind") == "step_completed" and event.step_completed.step > self.steps.last_trained():
+            return f"StepCompleted({event.step_completed.step}) but the learner has committed step {self.steps.last_trained()} only"
+        return None
+
+    def record_step(self, k: int, synced_at: float) -> None:
+        """Append step k's record and move the barrier to step k + 1, in one transaction."""
+        entry_id, done = self._completed.pop(k)
+        step = self.steps.record(k)
+        stage = step.stage_config
+        published_at = step.published_at or done.batch_complete_at
+        rollout = max(0.0, done.batch_complete_at - published_at)
+        train = done.train_seconds
+        sync = max(0.0, synced_at - (done.batch_complete_at + train))
+        total = max(rollout + train + sync, synced_at - published_at)
+        record = finite({
+            "step": k,
+            "stage": step.stage,
+            "stage_name": stage.name,
+            "context_length": stage.context_length,
+            "policy_version": k,
+            "time": synced_at,
+            **dict(done.metrics),
+            "step_seconds_rollout": rollout,
+            "step_seconds_train": train,
+            "step_seconds_weight_sync": sync,
+            "step_seconds_other": max(0.0, total - rollout - train - sync),
+            "step_seconds_total": total,
+        })
+        if self.store.metrics_count() != k:
+            raise RunFailed(f"step bookkeeping is inconsistent: recording step {k} but {self.store.metrics_count()} steps are recorded")
+        with self.store.transaction() as tx:
+            self.store.record_step(tx, k, record)
+            self.events.queue_ack(tx, entry_id)  # the StepCompleted(k) it records
+        faults.point(self.armed, "controller.recorded", k)
+        self.retention.release_step(k + 1)  # every entry of step k is acknowledged: drop it
+        self.store.sync_jsonl()
+        for phase in ("rollout", "train", "weight_sync", "other"):
+            m.STEP_SECONDS.labels(phase=phase).set(record[f"step_seconds_{phase}"])

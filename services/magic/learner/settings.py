@@ -1,0 +1,58 @@
+"""Settings of a learner process (one rank), from `MAGIC_*` environment variables and the launcher's
+RANK / WORLD_SIZE / LOCAL_RANK."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from magic.config.settings import ServiceSettings
+from magic.weights.config import FilesystemTransportConfig, WeightTransport
+
+
+class LearnerSettings(ServiceSettings):
+    device: str = "cpu"
+    """torch device of the learner ("cpu", "cuda")."""
+    micro_batch_tokens: int = Field(default=16384, ge=64)
+    """Token budget of one forward/backward micro-batch (prompt + response tokens, padded)."""
+    keep_weight_versions: int = Field(default=3, ge=2)
+    """Published weight versions kept on disk; older ones are deleted."""
+    weight_transport: WeightTransport = Field(default_factory=FilesystemTransportConfig)
+    """How new weights reach the rollout workers; must match theirs."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Training backend: "torch" (one process, CPU or one GPU) or "deepspeed" (ZeRO across the
+    processes a launcher started: `deepspeed`, `torchrun`; RANK / WORLD_SIZE from the environment)."""
+    zero_stage: int = Field(default=2, ge=1, le=3)
+    """ZeRO stage of the deepspeed backend (1: optimizer state, 2: + gradients, 3: + parameters partitioned)."""
+    logprob_chunk_size: int = Field(default=1024, ge=1)
+    """Positions whose vocabulary logits are materialised at once when computing log-probs and entropy."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Training precision. "fp32": weights, activations and optimizer in float32. "bf16": the
+    model computes in bfloat16 (weights, activations, gradients) while the optimizer updates
+    float32 master weights (and Adam moments); log-probs, entropy, the loss and every
+    accumulated figure are computed in float32 from the bfloat16 logits."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (Hugging Face gradient checkpointing, non-reentrant): activation memory of one layer instead
+    of all, for about one more forward pass of compute."""
+    publish_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of the weights handed to the weight transport (the rollout engine's model dtype:
+    bfloat16 for vLLM). "auto": bfloat16 with precision "bf16", float32 with "fp32". The
+    checkpoints always keep the float32 master weights."""
+    checkpoint_every: int = Field(default=20, ge=0)
+    """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) every
+    this many steps; 0 disables them. The weights themselves reach the volume every step through
+    the weight transport; a learner restarted between checkpoints resumes from those published
+    weights with a fresh optimizer. At 7B a checkpoint is ≈ 85 GB (fp32 weights + AdamW moments),
+    so every step would write more than the whole step's rollouts (docs/scale.md)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+    dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
+    rank: int = Field(default=0, ge=0, validation_alias="RANK")
+    """This process's rank among the learner processes (env RANK, set by the launcher: deepspeed, torchrun)."""
+    world_size: int = Field(default=1, ge=1, validation_alias="WORLD_SIZE")
+    """Learner processes in all (env WORLD_SIZE, set by the launcher)."""
+    local_rank: int = Field(default=0, ge=0, validation_alias="LOCAL_RANK")
+    """This process's rank on its node: its GPU index (env LOCAL_RANK, set by the launcher)."""

@@ -1,0 +1,338 @@
+"""The learner worker: collects each on-policy step's scored groups, trains, publishes weights.
+
+    attach: load the policy — the latest checkpoint if the run already progressed (weights,
+            optimizer, entropy controller), else the run's initial model — and publish it if
+            the rollout workers have not got it yet
+            (the newest announcement is the authority); finish a step whose commit was cut short
+    loop:
+        pull scored groups into the step ledger (each group id counted once; a group the
+          controller did not publish is dead-lettered)
+        when step k has all its D_R groups:
+            train on them (trainer.train_step), checkpoint every `checkpoint_every` steps
+            prepare StepCompleted(k), publish version k + 1, then commit in one MULTI:
+            last_step = k, acknowledge every entry of step k, StepCompleted(k) on `events`
+
+The commit protocol (and why a crash at any point of it trains each step once and sends
+StepCompleted once) is `magic.store.steps`. Scored entries stay unacknowledged until their
+step is committed, so a learner that dies mid-step gets them back (its own pending entries, or
+a new learner reclaims them once the old heartbeat expires); entries of steps already trained
+are acknowledged and dropped.
+
+Several ranks (backend "deepspeed", started by `deepspeed`/`torchrun`): rank 0 alone talks to
+Redis, runs this worker and *broadcasts* each collective operation — attach, train a step
+(with the step's groups as serialized protobufs), publish, checkpoint, detach — to the other
+ranks, which run `follow()`: they hold the same model and execute the same operation. Every rank
+thus sees the whole batch, takes its share of sequences (trainer.shard) and sums its
+gradients, entropy and token counts with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from magic import modeling
+from magic.prompts import load_tokenizer
+from magic.config.schema import RunSpec, StageConfig
+from magic.learner import backends
+from magic.learner.checkpoints import latest_checkpoint
+from magic.learner.ledger import StepLedger
+from magic.learner.settings import LearnerSettings
+from magic.learner.trainer import Trainer
+from magic.observability import metrics as m
+from magic.observability.logs import setup_logging
+from magic.protocol import keys
+from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime import faults
+from magic.runtime.service import Worker, serve
+from magic.store.channels import RunChannels
+from magic.store.steps import StepRecord
+from magic.store.streams import Entry
+from magic.weights import make_sender
+
+log = logging.getLogger(__name__)
+
+SERVICE = "learner"
+GROUP = keys.LEARNER_GROUP
+
+
+def run_dir(settings: LearnerSettings, run_id: str) -> Path:
+    return settings.data_dir / "runs" / run_id
+
+
+def checkpoint_root(settings: LearnerSettings, run_id: str) -> Path:
+    return run_dir(settings, run_id) / "checkpoints"
+
+
+def _device(settings: LearnerSettings) -> torch.device:
+    device = torch.device(settings.device)
+    if device.type == "cuda" and device.index is None and settings.backend == "deepspeed":
+        return torch.device("cuda", settings.local_rank)
+    return device
+
+
+def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> Trainer:
+    """The policy from `model_dir` (HF format) on this rank's backend; the reference policy (the
+    run's initial model) is loaded at the first step whose stage sets kl_coef > 0."""
+    device = _device(settings)
+    tokenizer = load_tokenizer(spec.model)
+    model = modeling.load_model(model_dir, device)  # float32: the master weights of bf16 training come from it
+    precision = dict(precision=settings.precision, activation_checkpointing=settings.activation_checkpointing)
+    if settings.backend == "deepspeed":
+        backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size, **precision)
+    else:
+        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size, **precision)
+
+    def load_reference() -> torch.nn.Module:
+        return modeling.load_model(spec.model, device).requires_grad_(False)
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Trainer(backend, spec.optim, pad, settings.micro_batch_tokens, load_reference=load_reference, chunk_size=settings.logprob_chunk_size, assets_from=spec.model)
+
+
+def publish_dtype(settings: LearnerSettings) -> torch.dtype:
+    """The dtype published weights are cast to (`LearnerSettings.publish_dtype`)."""
+    if settings.publish_dtype == "auto":
+        return backends.PRECISION_DTYPES[settings.precision]
+    return getattr(torch, settings.publish_dtype)
+
+
+def _broadcast(command: tuple) -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list([command], src=0)
+
+
+class LearnerWorker(Worker):
+    def __init__(self, channels: RunChannels, settings: LearnerSettings):
+        self.run_id = run_id = channels.run_id
+        self.settings = settings
+        self.name = settings.worker_name
+        self.spec = channels.spec()
+        self.scored = channels.group("scored", GROUP)
+        self.weights = channels.stream("weights")
+        self.steps = channels.steps
+        self.ledger: StepLedger[pb.ScoredGroup] = StepLedger()
+        self.ckpt_root = checkpoint_root(settings, run_id)
+        self.armed = settings.armed_faults
+        self.weight_sender = make_sender(
+            settings.weight_transport,
+            channels=channels,
+            root=run_dir(settings, run_id) / "weights",
+            config_json=modeling.load_model_config(self.spec.model).to_json_string(),
+            keep=settings.keep_weight_versions,
+        )
+        self._record: StepRecord | None = None  # the record of step `self.step`, once published
+        announced = self._finish_cut_commit()
+        progress = self.steps.learner_progress()
+        self.step = progress.last_step + 1  # the next step to train
+        self.version = self.step  # on-policy: version k is the policy after k steps
+        if self.step > 0 and announced != self.version:
+            raise RuntimeError(f"run {self.run_id}: the learner committed step {self.step - 1} but the newest announced weights are v{announced}")
+        model_dir, ckpt = self._resume_source()
+        _broadcast(("attach", self.run_id, self.spec.model_dump_json(), model_dir, str(ckpt) if ckpt else None))
+        self.trainer = _attach(settings, self.spec, model_dir, ckpt)
+        if ckpt is None and self.version > 0:
+            self.trainer.controller.coef = progress.entropy_coef or 0.0
+            self.trainer.controller.step = self.step
+        if announced is None:  # v0: announced once, never rewritten by a restarted learner
+            self.publish()
+
+    def _announced(self) -> tuple[str, pb.WeightUpdate] | None:
+        """The newest well-formed announcement of this run on `weights` (poison skipped)."""
+        return self.weights.newest(pb.WeightUpdate, check=lambda u: None if u.run_id == self.run_id else "another run's announcement")
+
+    def _finish_cut_commit(self) -> int | None:
+        """A learner killed between announcing v(k+1) and committing step k left StepCompleted(k)
+        prepared: commit it now (the weights are out, so the step is done). A prepared step whose
+        weights were never announced is dropped and trained again. Returns the newest announced
+        version."""
+        newest = self._announced()
+        version = newest[1].version if newest else None
+        progress = self.steps.learner_progress()
+        done = progress.prepared
+        if done is None:
+            return version
+        if done.step == progress.last_step + 1 and version == done.step + 1:
+            done.published_at = newest[1].published_at
+            log.warning("step %d was trained and v%d announced before a crash: completing its commit", done.step, version)
+            self.steps.commit(done, self.name, progress.prepared_coef, GROUP, [])  # its entries are acked as late copies
+        else:
+            log.warning("dropping prepared step %d (v%d was not announced): it is trained again", done.step, done.step + 1)
+            self.steps.drop_prepared()
+        return version
+
+    def _resume_source(self) -> tuple[str, Path | None]:
+        """Where the policy comes from: the initial model, the checkpoint of the last trained step,
+        or (no checkpoint) the last published weights, with a fresh optimizer."""
+        if self.version == 0:
+            return self.spec.model, None
+        ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
+        if ckpt is not None:
+            log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
+            return str(ckpt), ckpt
+        log.warning("resuming at step %d from weights v%d without a checkpoint (optimizer state restarts)", self.step, self.version)
+        model = modeling.load_model(self.spec.model)
+        modeling.load_state_dict(model, self.weight_sender.load_version(self.version))
+        out = run_dir(self.settings, self.run_id) / "resume" / f"v{self.version}"
+        model.save_pretrained(out, safe_serialization=True)
+        return str(out), None
+
+    def status(self) -> dict:
+        return {"step": self.step, "version": self.version, "collected": self.ledger.count(self.step)}
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        entries = self.scored.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self.scored.read(count=64, block_ms=500)
+        for entry in entries:
+            self.collect(entry)
+        record = self.published(self.step)
+        if record is not None and self.ledger.is_complete(self.step, record.expected):
+            self.train_and_publish(record)
+
+    def published(self, k: int) -> StepRecord | None:
+        """Step k's record (its D_R and stage) once the controller published it. The stage's
+        entropy settings are exported as soon as they are known, before the step trains."""
+        if self._record is None or self._record.step != k:
+            record = self.steps.record(k)
+            if record is None:
+                return None
+            self._record = record
+            ent = record.stage_config.entropy
+            m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.current(ent)})
+        return self._record
+
+    def collect(self, entry: Entry) -> None:
+        group = self.scored.decode(entry, pb.ScoredGroup)
+        if group is None:
+            return
+        problem = self._problem(group)
+        if problem is not None:
+            self.scored.dead_letter(entry, f"refused ScoredGroup: {problem}")
+            return
+        step = group.rollout.prompt.step
+        if step < self.step:  # a late copy of a group of a step already trained
+            self.ledger.duplicates += 1
+            self.scored.ack(entry.id)
+            return
+        self.ledger.add(step, group.rollout.prompt.group_id, entry.id, group)
+
+    def _problem(self, group: pb.ScoredGroup) -> str | None:
+        """Why `group` cannot be trained on, or None: it must be a train group the controller
+        published, with its gs samples and one score per sample."""
+        prompt = group.rollout.prompt
+        if prompt.kind != pb.GROUP_KIND_TRAIN:
+            return f"group {prompt.group_id!r} is not a train group"
+        if (problem := self.steps.check_group(prompt)) is not None:
+            return problem
+        if len(group.rollout.samples) != prompt.sampling.n:
+            return f"group {prompt.group_id}: {len(group.rollout.samples)} samples, the prompt asked for {prompt.sampling.n}"
+        if len(group.scores) != len(group.rollout.samples):
+            return f"group {prompt.group_id}: {len(group.scores)} scores for {len(group.rollout.samples)} samples"
+        return None
+
+    def train_and_publish(self, record: StepRecord) -> None:
+        """Train step k on its complete batch, with the stage the controller published it with,
+        then commit it (`magic.store.steps`)."""
+        k = record.step
+        batch_complete_at = time.time()
+        groups, entry_ids = self.ledger.pop(k)
+        stage = record.stage_config
+        faults.point(self.armed, "learner.collected", k)
+        t0 = time.perf_counter()
+        _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
+        record = self.trainer.train_step(groups, version=k, stage=stage)
+        train_seconds = time.perf_counter() - t0
+        record["duplicates"] = float(self.ledger.duplicates)
+        record["train_seconds"] = train_seconds
+        m.export_step(record)
+        m.VERSION_MISMATCH.inc(record["version_mismatch"])
+        every = self.settings.checkpoint_every
+        if every and (k + 1) % every == 0:
+            t1 = time.perf_counter()
+            _broadcast(("checkpoint", str(self.ckpt_root), k, self.settings.keep_checkpoints))
+            self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints)
+            record["checkpoint_seconds"] = time.perf_counter() - t1
+        faults.point(self.armed, "learner.trained", k)
+        coef = self.trainer.controller.coef
+        done = pb.StepCompleted(step=k, new_version=k + 1, metrics=record, batch_complete_at=batch_complete_at, train_seconds=train_seconds)
+        self.steps.prepare(done, coef)
+        faults.point(self.armed, "learner.prepared", k)
+        self.step, self.version = k + 1, k + 1
+        done.published_at = self.publish().published_at
+        faults.point(self.armed, "learner.announced", k)
+        self.steps.commit(done, self.name, coef, GROUP, entry_ids)
+        faults.point(self.armed, "learner.committed", k)
+        m.LEARNER_STEP.set(k)
+        log.info(
+            "step %d: reward %.3f acc %.3f entropy %.3f (c=%.4f, bonus %s) trained %d tokens in %.2fs -> v%d",
+            k, record["reward_mean"], record["accuracy_all"], record.get("entropy", float("nan")), record.get("entropy_coef", 0.0),
+            "on" if record.get("entropy_bonus_active") else "off", int(record.get("tokens_trained", 0)), train_seconds, self.version,
+        )
+
+    def publish(self) -> pb.WeightUpdate:
+        """Hand the full state dict to the weight transport (it announces the version on `weights`).
+        With several ranks the weights are gathered first (ZeRO-3 partitions them)."""
+        _broadcast(("publish",))
+        state = modeling.cast_state_dict(self.trainer.backend.full_state_dict(), publish_dtype(self.settings))
+        return self.weight_sender.publish(self.version, state)
+
+    def close(self) -> None:
+        self.trainer.wait_for_checkpoint()  # the one being written in the background
+        _broadcast(("detach",))
+        self.weight_sender.close()
+
+
+def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str | Path | None) -> Trainer:
+    trainer = build_trainer(settings, spec, model_dir)
+    if ckpt is not None:
+        trainer.load_checkpoint(Path(ckpt))
+    return trainer
+
+
+def follow(settings: LearnerSettings) -> int:
+    """Ranks > 0: execute rank 0's collective operations until it stops."""
+    trainer: Trainer | None = None
+    while True:
+        box = [None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        cmd, *args = box[0]
+        if cmd == "attach":
+            _, spec_json, model_dir, ckpt = args
+            trainer = _attach(settings, RunSpec.model_validate_json(spec_json), model_dir, ckpt)
+        elif cmd == "train":
+            raw, version, stage_json = args
+            groups = [pb.ScoredGroup.FromString(b) for b in raw]
+            trainer.train_step(groups, version=version, stage=StageConfig.model_validate_json(stage_json))
+        elif cmd == "publish":
+            trainer.backend.full_state_dict()
+        elif cmd == "checkpoint":
+            root, step, keep = args
+            trainer.save_checkpoint(Path(root), step, keep)
+        elif cmd == "detach":
+            trainer = None
+        elif cmd == "stop":
+            return 0
+        else:
+            raise RuntimeError(f"unknown learner command {cmd!r}")
+
+
+def run(settings: LearnerSettings | None = None) -> int:
+    settings = settings or LearnerSettings()
+    rank, world = settings.rank, settings.world_size
+    if settings.backend == "deepspeed":
+        rank, world = backends.init_distributed(_device(settings), settings.dist_timeout_seconds)
+    elif world > 1:
+        raise RuntimeError(f"WORLD_SIZE={world} needs MAGIC_BACKEND=deepspeed; the torch backend runs on one process")
+    if rank > 0:
+        setup_logging(SERVICE, f"{settings.worker_name}-rank{rank}", settings.log_level)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        return follow(settings)
+    try:
+        return serve(SERVICE, settings, lambda channels: LearnerWorker(channels, settings))
+    finally:
+        _broadcast(("stop",))

@@ -1,0 +1,286 @@
+"""Metric names (the Grafana dashboards depend on them) and the /metrics, /livez, /readyz endpoint.
+
+Per-step training figures are computed once by the learner as a flat record
+(`{"entropy": ..., "accuracy_all": ...}`), sent to the controller in `StepCompleted`, written to
+the run's JSONL log, and exported here as gauges. `STEP_GAUGES` maps record keys to Prometheus
+series; keys without a gauge still reach the JSONL log.
+
+Every series carries the prefix `magic_` and follows Prometheus naming conventions. A process
+exports only the series its service owns (`OWNERS`, `registry_of`), and a gauge has no sample
+until it is first set: no process reports a figure it does not compute, and no figure reads 0
+before it is known (a restarted learner leaves a gap, not a drop to 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics import MetricWrapperBase
+
+log = logging.getLogger(__name__)
+
+
+class FigureGauge(Gauge):
+    """A Gauge with no sample until it is first set, increased or decreased: an unknown figure is
+    absent from /metrics rather than a fake 0."""
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._observed = False
+
+    def set(self, value: float) -> None:
+        super().set(value)
+        self._observed = True
+
+    def inc(self, amount: float = 1) -> None:
+        super().inc(amount)
+        self._observed = True
+
+    def dec(self, amount: float = 1) -> None:
+        super().dec(amount)
+        self._observed = True
+
+    def _child_samples(self):
+        return super()._child_samples() if self._observed else ()
+
+
+# -- training figures (owner: learner) --------------------------------------------------------
+POLICY_ENTROPY = FigureGauge("magic_policy_entropy", "Mean per-token entropy of the policy over the rollout batch (nats)")
+RESPONSE_CLIP_RATIO = FigureGauge("magic_response_clip_ratio", "Fraction of responses truncated at the context length T")
+PG_CLIPFRAC = FigureGauge("magic_pg_clipfrac", "Fraction of response tokens whose ratio was clipped", ["side"])
+REWARD_MEAN = FigureGauge("magic_reward_mean", "Mean reward of the rollout batch")
+ACCURACY = FigureGauge("magic_accuracy", "Fraction of correct responses in the rollout batch", ["subset"])
+RESPONSE_LENGTH = FigureGauge("magic_response_length_tokens", "Mean response length of the rollout batch (tokens)")
+KL = FigureGauge(
+    "magic_kl",
+    "Per-token k3 KL estimates: kind=old (pi_old vs the policy being updated, over the SGD steps), kind=ref (to the reference policy), "
+    "kind=rollout (the sampler's log-probs vs the learner's for the same policy version)",
+    ["kind"],
+)
+ENTROPY_TARGET = FigureGauge("magic_entropy_target", "Target entropy tgt_ent of adaptive entropy control (nats/token)")
+ENTROPY_COEF = FigureGauge("magic_entropy_coef", "Adaptive entropy coefficient c_k")
+ENTROPY_BONUS_ACTIVE = FigureGauge("magic_entropy_bonus_active", "1 if the entropy bonus was applied this step (e_k <= tgt_ent), else 0")
+ENTROPY_ALPHA = FigureGauge("magic_entropy_alpha", "Entropy-bonus weight alpha_k = c_k * 1{e_k <= tgt_ent} applied this step")
+ADVANTAGE = FigureGauge("magic_advantage", "Advantages of the trained samples: stat=mean|std|abs_max", ["stat"])
+SGD_STEPS = FigureGauge("magic_sgd_steps", "Optimizer steps of the last on-policy step (N_SGD = D_R / D_T * N_reuse)")
+ZERO_ADV_GROUP_RATIO = FigureGauge("magic_zero_adv_group_ratio", "Fraction of groups whose advantages are all zero (rejected)")
+GRAD_NORM = FigureGauge("magic_grad_norm", "Global gradient L2 norm before clipping")
+PG_LOSS = FigureGauge("magic_pg_loss", "Policy-gradient loss of the last step")
+VERSION_MISMATCH = Counter("magic_version_mismatch", "Samples dropped because their policy version differs from the step's")
+LEARNER_STEP = FigureGauge("magic_learner_step", "Last step the learner trained")
+
+STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
+    "entropy": (POLICY_ENTROPY, {}),
+    "response_clip_ratio": (RESPONSE_CLIP_RATIO, {}),
+    "pg_clipfrac_high": (PG_CLIPFRAC, {"side": "high"}),
+    "pg_clipfrac_low": (PG_CLIPFRAC, {"side": "low"}),
+    "reward_mean": (REWARD_MEAN, {}),
+    "accuracy_all": (ACCURACY, {"subset": "all"}),
+    "accuracy_nontruncated": (ACCURACY, {"subset": "nontruncated"}),
+    "response_length_mean": (RESPONSE_LENGTH, {}),
+    "kl_old": (KL, {"kind": "old"}),
+    "ppo_kl": (KL, {"kind": "ppo"}),
+    "kl_ref": (KL, {"kind": "ref"}),
+    "kl_rollout": (KL, {"kind": "rollout"}),
+    "entropy_alpha": (ENTROPY_ALPHA, {}),
+    "advantage_mean": (ADVANTAGE, {"stat": "mean"}),
+    "advantage_std": (ADVANTAGE, {"stat": "std"}),
+    "advantage_abs_max": (ADVANTAGE, {"stat": "abs_max"}),
+    "sgd_steps": (SGD_STEPS, {}),
+    "entropy_target": (ENTROPY_TARGET, {}),
+    "entropy_coef": (ENTROPY_COEF, {}),
+    "entropy_bonus_active": (ENTROPY_BONUS_ACTIVE, {}),
+    "zero_adv_group_ratio": (ZERO_ADV_GROUP_RATIO, {}),
+    "grad_norm": (GRAD_NORM, {}),
+    "pg_loss": (PG_LOSS, {}),
+}
+
+
+def export_step(record: dict[str, float]) -> None:
+    """Set the gauges of one step's record (unknown keys are ignored)."""
+    for key, (gauge, labels) in STEP_GAUGES.items():
+        if key in record:
+            (gauge.labels(**labels) if labels else gauge).set(record[key])
+
+
+# -- run progress (owner: controller) ---------------------------------------------------------
+STEP_SECONDS = FigureGauge("magic_step_seconds", "Duration of the last on-policy step by phase", ["phase"])
+STAGE = FigureGauge("magic_stage", "Index of the current stage in the run's plan")
+CONTEXT_LENGTH = FigureGauge("magic_context_length", "Context length T of the current stage (tokens)")
+POLICY_VERSION = FigureGauge("magic_policy_version", "Policy version the rollout workers serve")
+STEP = FigureGauge("magic_step", "Current on-policy step")
+LIVE_WORKERS = FigureGauge("magic_live_workers", "Workers with a fresh heartbeat", ["service"])
+STREAM_LENGTH = FigureGauge("magic_stream_length", "Entries in a run stream", ["stream"])
+STREAM_PENDING = FigureGauge("magic_stream_pending", "Entries delivered but not yet acknowledged", ["stream"])
+STREAM_LAG = FigureGauge("magic_stream_lag", "Entries not yet delivered to the stream's consumer group (Redis 7 XINFO GROUPS lag)", ["stream"])
+
+# -- service figures --------------------------------------------------------------------------
+ROLLOUT_TOKENS = Counter("magic_rollout_tokens", "Response tokens generated")
+ROLLOUT_TOKENS_PER_SECOND = FigureGauge("magic_rollout_tokens_per_second", "Response tokens generated per second by this worker over the last 10 s")
+ROLLOUT_GENERATION_SECONDS = Histogram(
+    "magic_rollout_generation_seconds",
+    "Wall time to generate one prompt group, from admission to its last sample",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 1800, 3600),
+)
+ROLLOUT_QUEUE_WAIT_SECONDS = Histogram(
+    "magic_rollout_queue_wait_seconds",
+    "Time a prompt group waited between its publication and its admission into an engine",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900),
+)
+ROLLOUT_IN_FLIGHT = FigureGauge("magic_rollout_in_flight_sequences", "Sequences this rollout worker is generating now")
+ROLLOUT_WEIGHT_VERSION = FigureGauge("magic_rollout_weight_version", "Policy version this rollout worker serves")
+ROLLOUT_STOLEN_GROUPS = Counter("magic_rollout_stolen_groups", "Straggling prompt groups taken over from another live worker")
+ROLLOUT_STALE_GROUPS = Counter("magic_rollout_stale_groups", "Prompt groups dropped because they asked for an older policy version")
+WEIGHT_LOAD_SECONDS = Histogram(
+    "magic_weight_load_seconds", "Time for a rollout worker to load a weight version", buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+)
+REWARD_LATENCY = Histogram(
+    "magic_reward_latency_seconds", "Time to score one response", ["kind"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
+)
+REWARD_VERDICTS = Counter("magic_reward_verdicts", "Scored responses by verdict", ["kind", "verdict"])
+REWARD_TIMEOUTS = Counter(
+    "magic_reward_timeouts", "Responses that hit a time limit: kind=math (verifier killed at its bound), kind=code (a test's or the total time limit)", ["kind"]
+)
+REWARD_PENALTIES = Counter("magic_reward_penalties", "Responses given a nonzero penalty, by penalty", ["name"])
+REWARD_INFLIGHT = FigureGauge("magic_reward_inflight", "Responses being verified now", ["kind"])
+SANDBOX_KILLS = Counter(
+    "magic_sandbox_kills",
+    "Processes the sandbox killed: reason=test_timeout (a test over its limit), memory_limit (all its processes together), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
+    ["reason"],
+)
+DEAD_LETTERS = Counter("magic_dead_letters", "Stream entries moved to the dead-letter stream", ["stream"])
+ERRORS = Counter("magic_errors", "Errors a worker recovered from", ["service"])
+REDIS_REFUSED = Counter("magic_redis_refused_writes", "Writes Redis refused at maxmemory (each is retried; see magic.store.client)")
+
+
+OWNERS: dict[str, tuple[MetricWrapperBase, ...]] = {
+    "learner": (
+        *{gauge for gauge, _ in STEP_GAUGES.values()},
+        VERSION_MISMATCH,
+        LEARNER_STEP,
+    ),
+    "controller": (STEP_SECONDS, STAGE, CONTEXT_LENGTH, POLICY_VERSION, STEP, LIVE_WORKERS, STREAM_LENGTH, STREAM_PENDING, STREAM_LAG),
+    "rollout": (
+        ROLLOUT_TOKENS,
+        ROLLOUT_TOKENS_PER_SECOND,
+        ROLLOUT_GENERATION_SECONDS,
+        ROLLOUT_QUEUE_WAIT_SECONDS,
+        ROLLOUT_IN_FLIGHT,
+        ROLLOUT_WEIGHT_VERSION,
+        ROLLOUT_STOLEN_GROUPS,
+        ROLLOUT_STALE_GROUPS,
+        WEIGHT_LOAD_SECONDS,
+    ),
+    "reward": (REWARD_LATENCY, REWARD_VERDICTS, REWARD_TIMEOUTS, REWARD_PENALTIES, REWARD_INFLIGHT, SANDBOX_KILLS),
+}
+"""The series each service computes. DEAD_LETTERS and ERRORS belong to every service (any stream
+consumer dead-letters; every worker counts its errors); a metric added above without an owner
+here is exported by every process."""
+
+SHARED: tuple[MetricWrapperBase, ...] = (DEAD_LETTERS, ERRORS)
+
+
+@lru_cache(maxsize=None)
+def registry_of(service: str) -> CollectorRegistry:
+    """The registry a `service` process exposes on /metrics: the series it owns, the ones every
+    service shares or nobody claims, and the process/platform/GC collectors."""
+    owned = {id(m) for metrics in OWNERS.values() for m in metrics}
+    mine = list(OWNERS.get(service, ())) + [m for m in _magic_collectors() if id(m) not in owned]
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in dict.fromkeys([*mine, *SHARED, PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR]):
+        registry.register(collector)
+    return registry
+
+
+def _magic_collectors() -> list:
+    """Every `magic_*` collector of the default registry, in registration order."""
+    return list(dict.fromkeys(c for name, c in REGISTRY._names_to_collectors.items() if name.startswith("magic_")))
+
+
+def declare_service(service: str) -> None:
+    """Create this process's labelled series at 0, so that dashboards show 0 rather than no data
+    before the first error (Prometheus' advice: initialise the label values you know in advance)."""
+    ERRORS.labels(service=service)
+
+
+# -- the HTTP endpoint ------------------------------------------------------------------------
+
+
+PostHandler = Callable[[bytes, Mapping[str, str]], tuple[int, bytes, str]]
+"""A POST route: (request body, request headers) -> (status, response body, content type)."""
+
+
+def serve_http(
+    port: int,
+    ready: Callable[[], bool],
+    host: str = "0.0.0.0",
+    post_routes: dict[str, PostHandler] | None = None,
+    max_body_bytes: int = 64 * 1024 * 1024,
+    idle_timeout_seconds: float = 30.0,
+    registry: CollectorRegistry = REGISTRY,
+) -> ThreadingHTTPServer:
+    """Serve /metrics, /livez and /readyz — and any `post_routes` (the reward service's
+    POST /v1/score) — on `port` from a daemon thread; returns the server (its
+    `server_address` has the real port when `port` is 0). A connection idle (or sending its
+    request slower) than `idle_timeout_seconds` is closed, so idle clients cannot pin threads."""
+    routes = dict(post_routes or {})
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout_seconds  # socket timeout of each connection (StreamRequestHandler)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            if self.path.startswith("/metrics"):
+                body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+            elif self.path == "/livez":
+                body, status, ctype = b"ok\n", 200, "text/plain"
+            elif self.path == "/readyz":
+                ok = ready()
+                body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self._reply(status, body, ctype)
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server API)
+            handler = routes.get(self.path.split("?", 1)[0])
+            if handler is None:
+                return self._reply(404, b"not found\n", "text/plain")
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                return self._reply(411, b"a Content-Length header is required\n", "text/plain")
+            if int(length) > max_body_bytes:
+                self.close_connection = True
+                return self._reply(413, f"request body over {max_body_bytes} bytes\n".encode(), "text/plain")
+            status, body, ctype = handler(self.rfile.read(int(length)), self.headers)
+            self._reply(status, body, ctype)
+
+        def _reply(self, status: int, body: bytes, ctype: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:  # keep probes out of the logs
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics", host, server.server_address[1])
+    return server

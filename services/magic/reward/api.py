@@ -1,0 +1,121 @@
+"""The reward service's HTTP endpoint: score a batch on demand (evaluation, debugging).
+
+Served on the same port as /metrics, /livez and /readyz (``MAGIC_METRICS_PORT``)::
+
+    curl -s localhost:9100/v1/score -H "Authorization: Bearer $MAGIC_API_TOKEN" -H 'content-type: application/json' -d '{"samples": [
+      {"data_source": "math", "response": "... \\\\boxed{42}", "ground_truth": "42"},
+      {"data_source": "code", "response": "```python\\nprint(int(input())*2)\\n```",
+       "ground_truth": "{\\"type\\": \\"stdin_stdout\\", \\"inputs\\": [\\"2\\"], \\"outputs\\": [\\"4\\"]}"}]}'
+
+    {"scores": [{"kind": "math", "reward": 1.0, "correctness": 1.0, "verdict": "correct",
+                 "penalties": {}, "details": "same text as the gold; answer='42'", "seconds": 0.001}, ...]}
+
+Every request needs ``Authorization: Bearer $MAGIC_API_TOKEN``: without it 401; a service
+with no token configured refuses every request with 403 (the endpoint runs submitted code, so
+it never runs open). A request that is not JSON gets 400, one that does not match the schema
+422 (with pydantic's errors), more than ``max_request_samples`` samples 413, and 503 until the
+service is ready.
+A sample that cannot be judged is still answered, with verdict ``error`` and the reason.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from magic.protocol.pb import messages_pb2 as pb
+from magic.reward.scoring import Sample, Scorer
+
+JSON = "application/json"
+
+
+class SampleIn(BaseModel):
+    """One response to score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data_source: str = Field(default="math", max_length=256)
+    """Selects the verifier (code sources per `RewardSettings.code_data_sources`, else math)."""
+    response: str
+    """The model's full response (reasoning included)."""
+    ground_truth: str
+    """``reward_model.ground_truth``: the gold answer, or a code problem's tests as JSON."""
+    problem: str = ""
+    """The problem statement; multiple-choice options are read from it."""
+    response_tokens: int | None = Field(default=None, ge=0)
+    """Length of the response in tokens (for the overlong penalty)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """The context length T it was sampled with (for the overlong penalty)."""
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    samples: list[SampleIn] = Field(min_length=1)
+    """The responses to score, answered in the same order."""
+
+
+def score_json(score: pb.Score, kind: str) -> dict:
+    return {
+        "kind": kind,
+        "reward": round(score.reward, 6),
+        "correctness": score.correctness,
+        "verdict": pb.Verdict.Name(score.verdict).removeprefix("VERDICT_").lower(),
+        "penalties": {k: round(v, 6) for k, v in score.penalties.items()},
+        "details": score.details,
+        "seconds": round(score.seconds, 6),
+    }
+
+
+class ScoreAPI:
+    """POST /v1/score over a shared `Scorer`."""
+
+    def __init__(self, scorer: Scorer, max_samples: int, token: SecretStr | None):
+        self.scorer = scorer
+        self.max_samples = max_samples
+        self.token = token
+
+    def handle(self, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes, str]:
+        refused = authorize(headers.get("Authorization"), self.token)
+        if refused:
+            return refused
+        if not self.scorer.ready():
+            return _error(503, "the reward service is not ready yet")
+        try:
+            raw = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            return _error(400, f"the body is not JSON: {str(exc)[:200]}")
+        if isinstance(raw, dict) and isinstance(raw.get("samples"), list) and len(raw["samples"]) > self.max_samples:
+            return _error(413, f"{len(raw['samples'])} samples in one request; at most {self.max_samples}")
+        try:
+            req = ScoreRequest.model_validate(raw)
+        except ValidationError as exc:
+            return 422, json.dumps({"error": "invalid request", "details": exc.errors(include_url=False, include_input=False)}).encode(), JSON
+        samples = [Sample(**s.model_dump()) for s in req.samples]
+        scores = self.scorer.score_many(samples)
+        out = [score_json(sc, self.scorer.kind(s.data_source)) for sc, s in zip(scores, samples)]
+        return 200, json.dumps({"scores": out}).encode(), JSON
+
+
+def authorize(header: str | None, token: SecretStr | None) -> tuple[int, bytes, str] | None:
+    """None when `header` carries the bearer `token`; else the refusal (403 when no token is set).
+
+    >>> t = SecretStr("s" * 16)
+    >>> authorize("Bearer " + "s" * 16, t) is None, authorize(None, t)[0], authorize("Bearer x", t)[0], authorize("Bearer x", None)[0]
+    (True, 401, 401, 403)
+    """
+    if token is None:
+        return _error(403, "POST /v1/score is disabled: this reward service has no MAGIC_API_TOKEN (it runs submitted code)")
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return _error(401, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)")
+    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+        return _error(401, "wrong bearer token")
+    return None
+
+
+def _error(status: int, message: str) -> tuple[int, bytes, str]:
+    return status, json.dumps({"error": message}).encode(), JSON

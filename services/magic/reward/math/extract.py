@@ -1,0 +1,378 @@
+"""Finding the final answer in a response, and reading answer strings (pure string functions).
+
+Everything here runs in the trusted reward process on untrusted text, so every function is
+linear in its input: no backtracking regular expressions over the whole response, no parsing of
+more than the last few thousand characters.
+
+* `answer_region` — the text after the reasoning (after the last ``</think>``).
+* `extract_answer` — the last ``\\boxed{...}`` (or ``\\fbox{...}``) in it; without one, an
+  explicit final-answer statement ("The final answer is 5", "Answer: 5") at the very end.
+* `clean_latex`, `merge_thousands`, `split_top_level` — conservative normalisation of an
+  answer string before it is parsed (see `magic.reward.math.equiv`).
+* `parse_choice`, `parse_choices` — multiple-choice letters and the options of a problem.
+"""
+
+from __future__ import annotations
+
+import re
+
+BOX_COMMANDS = ("\\boxed", "\\fbox")
+_ANSWER_TAIL_CHARS = 2000  # the fallback looks for "answer is ..." only this close to the end
+
+
+def answer_region(response: str) -> str | None:
+    """The part of `response` after the reasoning: after the last ``</think>``.
+
+    A response that opened ``<think>`` but never closed it has no answer yet (None).
+
+    >>> answer_region("<think>try 3</think> so 4")
+    ' so 4'
+    >>> answer_region("no reasoning tags: 4")
+    'no reasoning tags: 4'
+    >>> answer_region("<think>still thinking") is None
+    True
+    """
+    end = response.rfind("</think>")
+    if end >= 0:
+        return response[end + len("</think>") :]
+    if "<think>" in response:
+        return None
+    return response
+
+
+def _braced(text: str, open_pos: int) -> int | None:
+    """Index just past the brace group opening at `text[open_pos] == '{'`; None if it never closes."""
+    depth = 0
+    j = open_pos
+    while j < len(text):
+        c = text[j]
+        if c == "\\" and j + 1 < len(text) and text[j + 1] in "{}":
+            j += 2  # an escaped brace (\{ or \}) is a character, not a group
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return None
+
+
+def _box_at(text: str, start: int) -> tuple[str, int] | None:
+    """The box command at `start`: (its content, the index just past it); None if malformed."""
+    cmd = next((c for c in BOX_COMMANDS if text.startswith(c, start)), None)
+    if cmd is None:
+        return None
+    i = start + len(cmd)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        end = _braced(text, i)
+        return None if end is None else (text[i + 1 : end - 1], end)
+    if i > start + len(cmd):  # "\boxed 5": the next token
+        m = re.match(r"[^\s$.,;]+", text[i : i + 200])
+        return (m.group(0), i + m.end()) if m else None
+    return None
+
+
+def _last_box_start(text: str, end: int) -> int:
+    return max(text.rfind(cmd, 0, end) for cmd in BOX_COMMANDS)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed 5``); None if none closes.
+
+    >>> last_boxed(r"so \\boxed{\\frac{1}{2}} and finally \\boxed{3}")
+    '3'
+    >>> last_boxed(r"\\boxed{\\{1, 2\\}}")
+    '\\\\{1, 2\\\\}'
+    >>> last_boxed(r"\\boxed 7.")
+    '7'
+    >>> last_boxed(r"\\boxed{17") is None
+    True
+    """
+    start = _last_box_start(text, len(text))
+    if start < 0:
+        return None
+    box = _box_at(text, start)
+    return box[0] if box else None
+
+
+_BETWEEN_BOXES = re.compile(r"^[\s$,;.]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\})[\s$,;.]*)?$")
+
+
+def trailing_boxes(text: str, limit: int = 64) -> list[str]:
+    """The last boxed answer, with the boxes just before it when only "and", "or" or commas
+    separate them (``\\boxed{2} and \\boxed{3}`` states two answers); at most `limit`.
+
+    >>> trailing_boxes(r"try \\boxed{1}. So $\\boxed{2}$ and $\\boxed{3}$.")
+    ['2', '3']
+    >>> trailing_boxes("none")
+    []
+    """
+    out: list[str] = []
+    end = len(text)
+    next_start = None
+    while len(out) < limit:
+        start = _last_box_start(text, end)
+        if start < 0:
+            break
+        box = _box_at(text, start)
+        if box is None:
+            break
+        content, box_end = box
+        if next_start is not None and (box_end > next_start or not _BETWEEN_BOXES.match(text[box_end:next_start])):
+            break  # nested in the later box, or separated from it by more than "and"
+        out.append(content)
+        next_start = end = start
+    return out[::-1]
+
+
+_FINAL_ANSWER = re.compile(
+    r"(?:final answer|the answer)\s*(?:is|:)\s*:?\s*(?P<a>[^\n]{1,300}?)\s*\.?\s*$|^\s*\**\s*(?:final\s+)?answer\s*\**\s*:\s*\**\s*(?P<b>[^\n]{1,300}?)\s*\.?\s*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+_GSM8K_ANSWER = re.compile(r"(?:^|\n)\s*####\s*([^\n]{1,300}?)\s*$")
+"""GSM8K's (and verl's gsm8k reward's) answer line, ending the response: ``#### 72``."""
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer of a response: the last boxed expression after the reasoning, else a
+    GSM8K answer line (``#### 72``) or an explicit final-answer statement ending the response;
+    None when there is none.
+
+    >>> extract_answer("<think>maybe \\\\boxed{3}</think> so \\\\boxed{4}")
+    '4'
+    >>> extract_answer("Adding them gives 12.\\nThe final answer is $12$.")
+    '12'
+    >>> extract_answer("<think>\\\\boxed{17}</think> I am not sure") is None
+    True
+    >>> extract_answer("3 + 4 = 7 bags, so 72 in all.\\n#### 72")
+    '72'
+    """
+    region = answer_region(response)
+    if region is None:
+        return None
+    boxes = trailing_boxes(region)
+    if boxes:
+        return ", ".join(b.strip() for b in boxes)
+    tail = region[-_ANSWER_TAIL_CHARS:].rstrip()
+    gsm8k = _GSM8K_ANSWER.search(tail)
+    if gsm8k:
+        return gsm8k.group(1).strip().strip("$").strip() or None
+    last = None
+    for m in _FINAL_ANSWER.finditer(tail):
+        last = m
+    if last is None or tail[last.end() :].strip():
+        return None
+    answer = (last.group("a") or last.group("b") or "").strip().strip("$").strip()
+    return answer or None
+
+
+# -- normalisation ------------------------------------------------------------------------------
+
+_LATEX_NOISE = [
+    ("\\displaystyle", ""),
+    ("\\dfrac", "\\frac"),
+    ("\\tfrac", "\\frac"),
+    ("\\cfrac", "\\frac"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("\\!", ""),
+    ("\\,", " "),
+    ("\\;", " "),
+    ("\\:", " "),
+    ("\\ ", " "),
+    ("\\quad", " "),
+    ("\\qquad", " "),
+    ("~", " "),
+    ("\\mbox", "\\text"),
+    ("\\textnormal", "\\text"),
+    ("\\textrm", "\\text"),
+    ("{,}", ","),
+    ("\u2212", "-"),  # unicode minus
+    # Unicode mathematics, as models and datasets write it: the LaTeX it stands for
+    ("\u221e", "\\infty "),  # ∞
+    ("\u222a", "\\cup "),  # ∪
+    ("\u2229", "\\cap "),  # ∩
+    ("\u2264", "\\le "),  # ≤
+    ("\u2265", "\\ge "),  # ≥
+    ("\u2260", "\\ne "),  # ≠
+    ("\u2208", "\\in "),  # ∈
+    ("\u2205", "\\emptyset "),  # ∅
+    ("\u03c0", "\\pi "),  # π
+    ("\u00d7", "\\times "),  # ×
+    ("\u22c5", "\\cdot "),  # ⋅
+    ("\u00b7", "\\cdot "),  # ·
+    ("\u211d", "\\mathbb{R}"),  # ℝ
+]
+
+
+def clean_latex(s: str) -> str:
+    """Drop LaTeX that never changes a value: math delimiters, spacing, sizing, ``\\dfrac``.
+
+    >>> clean_latex(r"$\\dfrac{1}{2}$.")
+    '\\\\frac{1}{2}'
+    >>> clean_latex(r"\\left( 1,\\! 3 \\right]")
+    '( 1, 3 ]'
+    >>> clean_latex(r"\\begin{pmatrix}1\\\\ 2\\end{pmatrix}")  # a row break followed by a space
+    '\\\\begin{pmatrix}1\\\\\\\\ 2\\\\end{pmatrix}'
+    """
+    s = s.strip().replace("\\\\", "\x00")  # a row break is never spacing: keep it out of reach
+    for old, new in _LATEX_NOISE:
+        s = s.replace(old, new)
+    s = s.replace("\x00", "\\\\")
+    s = s.strip().rstrip(".").strip()
+    while s[:1] == "$" and s[-1:] == "$" and len(s) >= 2:
+        s = s[1:-1].strip()
+    if s.startswith("\\(") and s.endswith("\\)") or s.startswith("\\[") and s.endswith("\\]"):
+        s = s[2:-2].strip()
+    s = s.rstrip(".").rstrip()
+    return re.sub(r"\s+", " ", s)
+
+
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:(?:,|\\,| )\d{3})+(?:\.\d+)?$")
+
+
+def merge_thousands(s: str) -> str:
+    """Remove thousands separators from a number written with them; anything else unchanged.
+
+    >>> merge_thousands("12,345,678")
+    '12345678'
+    >>> merge_thousands("1 000.5")
+    '1000.5'
+    >>> merge_thousands("1, 2")  # a list of two answers, not a number
+    '1, 2'
+    """
+    t = s.strip()
+    if _THOUSANDS.match(t):
+        return t.replace("\\,", "").replace(",", "").replace(" ", "")
+    return s
+
+
+_OPEN = "([{"
+_CLOSE = ")]}"
+
+
+def split_top_level(s: str, separators: tuple[str, ...] = (",", ";")) -> list[str]:
+    """Split `s` at separators that are not inside brackets or braces.
+
+    >>> split_top_level(r"\\frac{1}{2}, (3, 4); 5")
+    ['\\\\frac{1}{2}', '(3, 4)', '5']
+    """
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+            depth += 1 if s[i + 1] == "{" else -1
+            i += 2
+            continue
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif depth == 0:
+            for sep in separators:
+                if s.startswith(sep, i):
+                    parts.append(s[start:i].strip())
+                    start = i + len(sep)
+                    i = start - 1
+                    break
+        i += 1
+    parts.append(s[start:].strip())
+    return parts
+
+
+def brace_depth(s: str) -> int:
+    """Deepest nesting of brackets and braces in `s` (a cheap guard against hostile input).
+
+    >>> brace_depth("{{a}(b)}")
+    2
+    """
+    depth = best = 0
+    for c in s:
+        if c in _OPEN:
+            depth += 1
+            best = max(best, depth)
+        elif c in _CLOSE:
+            depth -= 1
+    return best
+
+
+# -- multiple choice ------------------------------------------------------------------------
+
+_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mathtt)\{([^{}]*)\}")
+_BARE_CHOICE = re.compile(r"^(?:option\s+|choice\s+)?\(?([A-J])\)?[.:]?$", re.IGNORECASE)
+_CHOICE_WITH_TEXT = re.compile(r"^(?:\(([A-J])\)|([A-J])[.):])\s*\S", re.IGNORECASE)
+
+
+def _unwrap(s: str) -> str:
+    s = clean_latex(s)
+    for _ in range(3):  # \textbf{(\text{B})} and the like
+        s = _WRAPPERS.sub(r"\1", s)
+    return s.replace("**", "").strip()
+
+
+def parse_choice(s: str, allow_text: bool = False) -> str | None:
+    """The option letter an answer names — ``B``, ``(B)``, ``\\text{(B)}``, ``\\textbf{B}`` — or None.
+
+    With `allow_text`, an answer that names a letter and then repeats the option's text
+    (``(B) 12``) also counts as that letter.
+
+    >>> parse_choice(r"\\textbf{(C)}")
+    'C'
+    >>> parse_choice("(b)")
+    'B'
+    >>> parse_choice(r"(B) 12", allow_text=True)
+    'B'
+    >>> parse_choice("12") is None
+    True
+    >>> parse_choice("AB") is None
+    True
+    """
+    s = _unwrap(s)
+    m = _BARE_CHOICE.match(s)
+    if m:
+        return m.group(1).upper()
+    if allow_text:
+        m = _CHOICE_WITH_TEXT.match(s)
+        if m:
+            return (m.group(1) or m.group(2)).upper()
+    return None
+
+
+_OPTION_MARK = re.compile(r"(?:\\textbf\{)?\((?P<p>[A-J])\)\}?|(?:^|\n)\s*(?P<l>[A-J])[.):]\s")
+
+
+def parse_choices(problem: str) -> dict[str, str]:
+    """The options of a multiple-choice problem, letter -> option text; empty when none are found.
+
+    Recognises ``(A) 12``, ``A. 12``, ``A) 12`` at line starts and the AMC style
+    ``$\\textbf{(A)}\\ 12 \\qquad \\textbf{(B)}\\ 13$`` on one line.
+
+    >>> parse_choices("Pick one.\\n(A) 12\\n(B) $\\\\frac{1}{2}$\\n(C) 3")
+    {'A': '12', 'B': '\\\\frac{1}{2}', 'C': '3'}
+    >>> parse_choices(r"$\\textbf{(A)}\\ 2 \\qquad \\textbf{(B)}\\ 4$")
+    {'A': '2', 'B': '4'}
+    >>> parse_choices("no options here")
+    {}
+    """
+    marks = list(_OPTION_MARK.finditer(problem[-20000:]))
+    text = problem[-20000:]
+    out: dict[str, str] = {}
+    for k, m in enumerate(marks):
+        letter = m.group("p") or m.group("l")
+        end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
+        body = text[m.end() : end].split("\n\n")[0]
+        body = clean_latex(body.replace("\\qquad", " ").replace("\\quad", " "))
+        body = body.strip().strip("$").strip()
+        if body and letter not in out:
+            out[letter] = body
+    letters = sorted(out)
+    # options are a run A, B, C, ...; anything else is not a list of choices
+    if len(letters) < 2 or letters != [chr(ord("A") + i) for i in range(len(letters))]:
+        return {}
+    return out

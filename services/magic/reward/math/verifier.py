@@ -1,0 +1,138 @@
+"""Math answers: the Skywork-OR1 procedure (§7) and MAGIC's stricter, broader version of it.
+
+Two verifiers, registered by name (`VERIFIERS`); both have the signature
+
+    verifier(response: str, gold: str, problem: str = "") -> MathVerdict
+
+* ``"skywork-or1"`` — the paper's procedure exactly as Skywork-OR1 released it: take the text
+  after ``</think>``, parse it with Math-Verify (its default extraction), return correct if the
+  parsed string equals the gold, else run Math-Verify's `verify` against the gold wrapped in
+  ``\\boxed{}``. Kept as the baseline the corpus figures of docs/reward.md compare against.
+* ``"magic"`` (the default) — the same steps (answer after the reasoning; direct string match
+  first; then equivalence with the gold read as a boxed answer), with MAGIC's extraction
+  (`magic.reward.math.extract`) and comparison (`magic.reward.math.equiv`): it accepts the
+  equivalent forms the plain procedure misses (units, degrees, percentages, intervals written
+  as inequalities, sets in any order, multiple-choice letters vs option text, mixed numbers)
+  and rejects what it wrongly accepts (``1/2^99`` for ``1/2^98``, ``10 m`` for ``10 cm``,
+  ``x^2-4=0`` for ``0``, one of several answers).
+
+Neither bounds its own running time: sympy can run for minutes on hostile input, and
+Math-Verify's timeouts use SIGALRM, which works only in a main thread. Callers run these
+functions through `magic.reward.timeboxed.TimeboxedPool`, which enforces a hard wall-clock bound
+per response from any thread by killing the worker process that overruns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from magic.config.registry import Registry
+from magic.reward.math.extract import brace_depth, clean_latex, extract_answer, parse_choices
+from magic.reward.verdict import Status, Verdict
+
+MathVerdict = Verdict
+"""A math verifier's verdict (the shared `Verdict`)."""
+
+
+MathVerifier = Callable[..., MathVerdict]
+VERIFIERS: Registry[MathVerifier] = Registry("math verifier")
+
+
+register = VERIFIERS.register
+"""Decorator registering a math verifier under a name (twice is an error)."""
+
+
+def get_verifier(name: str) -> MathVerifier:
+    """The math verifier registered under `name` (ValueError listing the known ones otherwise)."""
+    return VERIFIERS.lookup(name)
+
+
+MAX_ANSWER_CHARS = 1000
+"""Final answers longer than this are judged wrong without parsing them."""
+MAX_NESTING = 40
+"""Final answers nested deeper than this (brackets and braces) are judged wrong without parsing."""
+
+
+@register("magic")
+def verify_magic(response: str, gold: str, problem: str = "") -> MathVerdict:
+    """Judge `response` against the gold answer `gold`; `problem` supplies multiple-choice options.
+
+    >>> verify_magic("<think>2+2</think> So $\\\\boxed{4}$.", "4").status.value
+    'correct'
+    >>> verify_magic("The answer is \\\\boxed{10 \\\\text{ m}}", "10 \\\\text{ cm}").status.value
+    'wrong'
+    >>> verify_magic("<think>it is 4", "4").status.value
+    'no_answer'
+    """
+    from magic.reward.math.equiv import equivalent  # heavy (sympy, ANTLR): loaded in the processes that judge
+
+    t0 = time.perf_counter()
+    answer = extract_answer(response)
+    if answer is None:
+        return MathVerdict(Status.no_answer, "", "no final answer after the reasoning", time.perf_counter() - t0)
+    shown = answer[:200]
+    if len(answer) > MAX_ANSWER_CHARS or brace_depth(answer) > MAX_NESTING:
+        return MathVerdict(Status.wrong, shown, "answer too long or too deeply nested to be a final answer", time.perf_counter() - t0)
+    golds = gold_answers(gold)
+    if any(clean_latex(answer) == clean_latex(g) for g in golds):
+        return MathVerdict(Status.correct, shown, "same text as the gold", time.perf_counter() - t0)
+    choices = parse_choices(problem) if problem else None
+    reasons = []
+    for g in golds:
+        judgement = equivalent(g, answer, choices)
+        if judgement.equal:
+            return MathVerdict(Status.correct, shown, judgement.reason, time.perf_counter() - t0)
+        reasons.append(judgement.reason)
+    return MathVerdict(Status.wrong, shown, reasons[0], time.perf_counter() - t0)
+
+
+MAX_GOLDS = 16
+"""A list ground truth holding more accepted forms than this is an error of the data."""
+
+
+def gold_answers(gold: str) -> list[str]:
+    """The accepted forms of a ground truth: verl data may give a JSON list of strings
+    (``["72", "72.0"]``), any of which is correct; any other text is one gold answer (``[1, 2]``
+    stays the interval).
+
+    >>> gold_answers('["72", "72.0"]'), gold_answers("[1, 2]"), gold_answers("72")
+    (['72', '72.0'], ['[1, 2]'], ['72'])
+    """
+    text = gold.strip()
+    if text.startswith("[") and text.endswith("]") and '"' in text:
+        try:
+            forms = json.loads(text)
+        except ValueError:
+            return [gold]
+        if isinstance(forms, list) and 0 < len(forms) <= MAX_GOLDS and all(isinstance(f, str) for f in forms):
+            return forms
+    return [gold]
+
+
+@register("skywork-or1")
+def verify_skywork(response: str, gold: str, problem: str = "") -> MathVerdict:
+    """The plain Skywork-OR1 procedure (their released `math_verify_reward_function`).
+
+    Math-Verify's own timeouts are left on (5 s, as released): this runs in a worker process's
+    main thread, where SIGALRM works.
+    """
+    from math_verify import parse, verify
+
+    t0 = time.perf_counter()
+    text = response.split("</think>")[1] if "</think>" in response else response
+    try:
+        parsed = parse(text, parsing_timeout=5)
+    except Exception as exc:  # noqa: BLE001 — as released: a parse failure scores 0
+        return MathVerdict(Status.error, "", f"parse failed: {type(exc).__name__}", time.perf_counter() - t0)
+    if len(parsed) < 2:
+        return MathVerdict(Status.no_answer, "", "Math-Verify found no answer", time.perf_counter() - t0)
+    shown = str(parsed[1])[:200]  # the extracted string, never a sympy object
+    if parsed[1] == gold:
+        return MathVerdict(Status.correct, shown, "string match", time.perf_counter() - t0)
+    try:
+        ok = verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=5), parsed, timeout_seconds=5)
+    except Exception as exc:  # noqa: BLE001
+        return MathVerdict(Status.error, shown, f"verify failed: {type(exc).__name__}", time.perf_counter() - t0)
+    return MathVerdict(Status.correct if ok else Status.wrong, shown, "Math-Verify", time.perf_counter() - t0)

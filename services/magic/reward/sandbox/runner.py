@@ -1,0 +1,549 @@
+"""Running untrusted programs: what the sandbox isolates, what it does not, and how.
+
+Every test runs in a fresh process, forked for it by the slot's helper (`magic.reward.sandbox.child`, a
+trusted program of the standard library only), which then drops privileges and applies the
+limits before the untrusted code is loaded. The reward process compares the output; the
+program only ever reports data, and never sees the expected output.
+
+**Isolated** (with ``isolation="uid"``, i.e. the service runs as root — as the Helm chart runs
+the reward pods by default, with only the capabilities this needs):
+
+* *identity* — each slot's programs run as a dedicated unprivileged uid/gid (``uid_base`` + k,
+  no supplementary groups), claimed through a lock file, so nothing else runs as it. They cannot
+  signal, trace or read the memory or environment of the service, its helper or other slots,
+  and cannot write anywhere the file permissions do not grant to "others";
+* *processes* — RLIMIT_NPROC counts the slot's uid only, so a fork bomb stops at ``processes``;
+  after every test every process of the uid is killed (SIGKILL via ``kill(-1)`` from a helper
+  holding that uid), which catches daemons that called setsid() and outlived the test; the
+  helper is a child subreaper, so every orphan is reaped;
+* *resources* — per process: address space (``memory_mb``), CPU seconds (the test's time limit
+  plus one), file size (``file_mb``), open files, no core dumps; per test: wall-clock time,
+  bytes of output, resident memory of all its processes together (``total_memory_mb``);
+* *network* — none: the slot lives in a fresh network namespace without interfaces up (the
+  service needs CAP_SYS_ADMIN for this; otherwise use a NetworkPolicy for the reward pod);
+* *files* — the working directory, /tmp, /var/tmp and /dev/shm are the slot's own tmpfs of
+  ``disk_mb`` (mount namespace), emptied after every response; ``hidden_paths`` (mounted
+  secrets, /root, /home) are covered by an empty read-only tmpfs; SysV IPC is private;
+* *environment* — scrubbed: a fixed PATH, HOME and TMPDIR in the working directory, one
+  thread for BLAS libraries; nothing of the service's environment.
+
+**Confinement** (`magic.reward.sandbox.confine`): with ``bwrap`` the helper starts under bubblewrap —
+a minimal read-only root (``/usr`` and the Python installation), private ``/tmp`` and
+``/dev/shm``, new PID, network, IPC, UTS and cgroup namespaces — and with ``seccomp`` it loads
+a libseccomp filter (no namespaces, mounts, ptrace, keyrings, bpf, perf_event_open, io_uring)
+with no_new_privs before any test; every program and judge inherits both.
+
+**Verdicts**: the program's process produces only data. stdout and call results are compared
+here; an assert test's code runs in a judge process forked by the helper, which the program
+reaches only through a data-only request/answer channel (`magic.reward.sandbox.child`).
+
+**Not isolated**: without bubblewrap, files readable by everyone stay readable (the Python
+installation, the system's configuration, anything world-readable on a shared volume) and
+``/proc`` shows the host's processes; the kernel is shared (the seccomp filter narrows it; no
+gVisor): a kernel exploit through an allowed call escapes; CPU caches and memory bandwidth are
+shared, so timings are noisy under load; the program's total memory is watched, not capped:
+the helper sums the resident memory of the slot's processes every 50 ms and kills the test past
+``total_memory_mb``, so a burst faster than that can reach ``processes`` x ``memory_mb``
+(no memory cgroup).
+
+With ``isolation="session"`` (the service is not root and cannot change uid) programs run as the
+service's own user in their own session: RLIMIT_NPROC then counts all the user's processes, a
+program can signal the service and read its files, and one that calls setsid() and forks can
+outlive its test. Use it only for trusted code.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import pwd
+import queue
+import selectors
+import site
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from magic.reward.sandbox import child, confine
+from magic.reward.settings import SandboxSettings
+
+log = logging.getLogger(__name__)
+
+CHILD = Path(child.__file__)
+GRACE_SECONDS = 5.0
+"""How much longer than a test's limit the helper may take to answer before it is replaced."""
+LCB_PRELUDE = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\nfrom heapq import *\n"
+    "from bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\nfrom statistics import *\n"
+    "from itertools import *\nfrom functools import *\nfrom operator import *\nfrom io import *\nfrom sys import *\n"
+    "from json import *\nfrom builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
+    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\nimport statistics\n"
+    "import itertools\nimport functools\nimport operator\nimport io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n"
+)
+"""Prepended to every program, as LiveCodeBench does: the names competitive code assumes."""
+SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the program): misconfiguration or a broken helper."""
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """What one test of a program did. The program's output is data, compared by the caller."""
+
+    index: int
+    status: str  # "ok" (ran to its end), "timeout", "output_limit", "memory_limit", "crashed" (signal or exit != 0)
+    stdout: str = ""  # stdin_stdout tests
+    report: str = ""  # call / assert tests: JSON lines the program's harness reported
+    stderr: str = ""  # the tail, for details
+    exit_code: int | None = None
+    signal: int | None = None
+    seconds: float = 0.0
+    leftovers: int = 0  # processes still alive after the test, killed
+
+
+@dataclass
+class SandboxResult:
+    """A program's run over its tests (stopped at the first test the judge rejects)."""
+
+    tests: list[TestRun] = field(default_factory=list)
+    passed: bool = False
+    stopped: str = ""  # why the run stopped early ("test 3 failed", "total time limit", ...)
+    seconds: float = 0.0
+    killed: int = 0  # processes killed after tests (daemons, fork bombs)
+    error: str | None = None  # a sandbox failure (not the program's): the verdict is ERROR
+
+
+@dataclass(frozen=True)
+class Program:
+    """An untrusted program and how its tests call it."""
+
+    kind: str  # "stdin_stdout" | "call" | "assert"
+    code: str
+    fn_name: str | None = None  # call
+    entry_point: str | None = None  # assert (HumanEval's check(candidate))
+
+
+# -- slots ---------------------------------------------------------------------------------------
+
+
+def _prepare_root(root: Path) -> Path:
+    """The sandbox's directory: created with mode 0711, owned by us, not a symlink."""
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    st = root.lstat()
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        raise SandboxError(f"{root} must be a directory owned by uid {os.geteuid()} (not a symlink)")
+    os.chmod(root, 0o711)
+    for sub in ("locks", "slots"):
+        (root / sub).mkdir(mode=0o711, exist_ok=True)
+    return root
+
+
+def _site_paths() -> list[str]:
+    paths = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    return [p for p in paths if os.path.isdir(p)]
+
+
+def kill_uid(uid: int) -> int:
+    """SIGKILL every process of the (non-root) `uid`, from a helper process that takes that uid."""
+    if uid <= 0:
+        raise ValueError("refusing to kill the processes of root")
+    killed = 0
+    for _ in range(50):
+        pids = child.live_pids(uid)
+        if not pids:
+            return killed
+        killed = max(killed, len(pids))
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", "import os, signal\nif os.getuid() != 0: os.kill(-1, signal.SIGKILL)"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.01)
+    raise SandboxError(f"processes of uid {uid} survive SIGKILL")
+
+
+# Helpers are started from one thread that lives as long as this process. bubblewrap's
+# --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that forked it exits, not
+# the process: a helper started from a short-lived thread (the service's warm-up thread, an HTTP
+# handler, a pool worker that retires) was killed with it, in the middle of whatever test it ran.
+_spawner_lock = threading.Lock()
+_spawner: tuple[int, queue.SimpleQueue] | None = None  # (pid, requests)
+
+
+def _spawn_loop(requests: queue.SimpleQueue) -> None:
+    while True:
+        argv, kwargs, reply = requests.get()
+        try:
+            reply.put((True, subprocess.Popen(argv, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 — raised again in the caller's thread
+            reply.put((False, exc))
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen(argv, **kwargs)`, run by this process's long-lived spawner thread."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or we are a forked child
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_spawn_loop, args=(requests,), name="sandbox-spawner", daemon=True).start()
+            _spawner = (os.getpid(), requests)
+        requests = _spawner[1]
+    reply: queue.SimpleQueue = queue.SimpleQueue()
+    requests.put((argv, kwargs, reply))
+    ok, value = reply.get()
+    if not ok:
+        raise value
+    return value
+
+
+def _after_fork_in_child() -> None:
+    global _spawner_lock, _spawner
+    _spawner_lock, _spawner = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Slot:
+    """One unit of concurrency: a uid, a working directory and a helper process."""
+
+    def __init__(self, index: int, settings: SandboxSettings, root: Path, uid: int | None, lock_fd: int | None, confinement: dict):
+        self.index = index
+        self.settings = settings
+        self.confinement = confinement  # {"bwrap": argv or None, "seccomp": bytes or None}
+        self.uid = uid
+        self.lock_fd = lock_fd
+        name = f"uid-{uid}" if uid is not None else f"pid-{os.getpid()}-{index}"
+        self.dir = root / "slots" / name
+        self.workdir = self.dir / "work"
+        self.control = self.dir / "control"
+        for d in (self.dir, self.workdir, self.control):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700 if d != self.dir else 0o711)
+        if uid is not None:
+            os.chown(self.workdir, uid, uid)
+        self.proc: subprocess.Popen | None = None
+        self.applied: dict = {}
+        self._buf = b""
+
+    # -- the helper ------------------------------------------------------------------------
+    def ensure_helper(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.stop_helper()
+        s = self.settings
+        bwrap = self.confinement["bwrap"]
+        argv = bwrap or [sys.executable, "-I", "-S", "-B", str(CHILD)]
+        self.proc = _spawn(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=dict(SANDBOX_ENV),
+            cwd=str(self.control),
+            start_new_session=True,
+        )
+        self._buf = b""
+        workdir = "/tmp" if bwrap else str(self.workdir)
+        seccomp = self.confinement["seccomp"]
+        setup = {
+            "op": "setup",
+            "uid": self.uid,
+            "gid": self.uid,
+            "workdir": workdir,
+            "bwrap": bool(bwrap),
+            "scratch_dirs": ["/tmp", "/dev/shm"] if bwrap else [str(self.workdir)],
+            "seccomp": seccomp.hex() if seccomp else None,
+            "namespaces": s.namespaces and not bwrap,
+            "network_isolation": True,
+            "disk_bytes": s.disk_mb * 1024 * 1024,
+            "private_tmp_dirs": s.private_tmp_dirs,
+            "hidden_paths": s.hidden_paths,
+            "site_paths": _site_paths(),
+            "env": dict(SANDBOX_ENV, HOME=workdir, TMPDIR=workdir),
+        }
+        reply = self.request(setup, time.monotonic() + 60)
+        if reply is None or reply.get("op") != "ready":
+            self.stop_helper()
+            raise SandboxError("the sandbox helper did not start")
+        self.applied = reply["applied"]
+
+    def stop_helper(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self.proc = None
+        if self.uid is not None:
+            kill_uid(self.uid)
+
+    def request(self, msg: dict, deadline: float) -> dict | None:
+        """Send one message and read one reply line before `deadline`; None if none came."""
+        assert self.proc is not None
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        if msg["op"] == "job":
+            return {}
+        line = self._readline(deadline)
+        if line is None:
+            return None
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def _readline(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return None
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return None
+                self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def close(self) -> None:
+        self.stop_helper()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+# -- the sandbox -------------------------------------------------------------------------------
+
+
+class Sandbox:
+    """A pool of `settings.slots` slots; `run` executes one program's tests in a free slot."""
+
+    def __init__(self, settings: SandboxSettings, on_kill: Callable[[str, int], None] | None = None):
+        self.settings = settings
+        self.on_kill = on_kill or (lambda reason, n: None)
+        self.isolation = self._isolation(settings.isolation)
+        self.root = _prepare_root(settings.root)
+        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._slots: list[_Slot] = []
+        self._lock = threading.Lock()
+        self.confinement = self._confinement(settings, self.root, privileged=self.isolation == "uid")
+        uids = iter(range(settings.uid_base, settings.uid_base + settings.uid_count))
+        for k in range(settings.slots):
+            uid, fd = self._claim_uid(uids) if self.isolation == "uid" else (None, None)
+            slot = _Slot(k, settings, self.root, uid, fd, self.confinement)
+            self._slots.append(slot)
+            self._free.put(slot)
+        if self.isolation == "session":
+            log.warning("sandbox isolation is 'session': programs run as this service's user (see docs/reward.md)")
+
+    @staticmethod
+    def _isolation(wanted: str) -> str:
+        can_setuid = os.geteuid() == 0
+        if wanted == "uid" and not can_setuid:
+            raise SandboxError("sandbox isolation 'uid' needs the service to run as root (or with CAP_SETUID and CAP_SETGID)")
+        if wanted == "auto":
+            return "uid" if can_setuid else "session"
+        return wanted
+
+    @staticmethod
+    def _confinement(settings: SandboxSettings, root: Path, privileged: bool) -> dict:
+        """Which of bubblewrap and seccomp apply (`settings.bwrap`, `settings.seccomp`)."""
+        out: dict = {"bwrap": None, "seccomp": None}
+        if settings.seccomp != "off":
+            try:
+                out["seccomp"] = confine.seccomp_bpf()
+            except confine.ConfinementError as exc:
+                if settings.seccomp == "on":
+                    raise SandboxError(str(exc)) from None
+                log.warning("sandbox without a seccomp filter: %s", exc)
+        if settings.bwrap != "off":
+            why = confine.bwrap_works(privileged)
+            if why is None:
+                helper = confine.private_copy(CHILD, root / "helper")
+                out["bwrap"] = confine.bwrap_argv(helper, _site_paths(), settings.disk_mb * 1024 * 1024, privileged)
+            elif settings.bwrap == "on":
+                raise SandboxError(f"sandbox bwrap='on' but {why}")
+            else:
+                log.warning("sandbox without bubblewrap (%s): falling back to namespaces=%s", why, settings.namespaces)
+        return out
+
+    def _claim_uid(self, uids: Iterable[int]) -> tuple[int, int]:
+        """The next uid of the range that no account owns, no other sandbox holds (lock file)
+        and no process runs as."""
+        for uid in uids:
+            try:
+                pwd.getpwuid(uid)
+                continue  # a real account: never ours
+            except KeyError:
+                pass
+            fd = os.open(self.root / "locks" / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if child.live_pids(uid):
+                log.warning("uid %d has running processes; not using it for the sandbox", uid)
+                os.close(fd)
+                continue
+            return uid, fd
+        raise SandboxError(f"no free sandbox uid in [{self.settings.uid_base}, {self.settings.uid_base + self.settings.uid_count})")
+
+    def describe(self) -> dict:
+        """The isolation actually in force (after the first run of each slot's helper)."""
+        applied = [s.applied for s in self._slots if s.applied]
+        return {
+            "isolation": self.isolation,
+            "bwrap": self.confinement["bwrap"] is not None,
+            "seccomp": self.confinement["seccomp"] is not None,
+            "slots": len(self._slots),
+            "applied": applied[0] if applied else None,
+        }
+
+    def warm_up(self) -> None:
+        """Start every slot's helper now (otherwise the first run of a slot starts it)."""
+        for slot in self._slots:
+            slot.ensure_helper()
+
+    def run(
+        self,
+        program: Program,
+        tests: list[dict],
+        judge: Callable[[dict, TestRun], bool],
+        time_limit: float | None = None,
+    ) -> SandboxResult:
+        """Run `program` on `tests` in order, stopping at the first one `judge` rejects.
+
+        `tests` are the inputs only (``{"input": str}``, ``{"args": list}`` or ``{"code": str}``);
+        `judge(test, run)` decides in this process whether a test passed. `time_limit` overrides
+        the per-test wall-clock limit."""
+        s = self.settings
+        per_test = time_limit or s.test_timeout_seconds
+        limits = {
+            "test_timeout": per_test,
+            "cpu_seconds": int(per_test) + 1,
+            "memory_bytes": s.memory_mb * 1024 * 1024,
+            "file_bytes": s.file_mb * 1024 * 1024,
+            "open_files": s.open_files,
+            "processes": s.processes,
+            "max_output_bytes": int(s.max_output_mb * 1024 * 1024),
+            "total_memory_bytes": s.total_memory_mb * 1024 * 1024,
+        }
+        job = {
+            "op": "job",
+            "kind": program.kind,
+            "code": program.code,
+            "prelude": LCB_PRELUDE,
+            "fn_name": program.fn_name,
+            "entry_point": program.entry_point,
+            "limits": limits,
+        }
+        slot = self._free.get()
+        result = SandboxResult()
+        t0 = time.monotonic()
+        try:
+            self._run_in_slot(slot, job, tests, judge, per_test, t0 + s.total_timeout_seconds, result)
+        except SandboxError as exc:
+            result.error = str(exc)
+        finally:
+            result.seconds = time.monotonic() - t0
+            self._free.put(slot)
+        return result
+
+    def _run_in_slot(self, slot: _Slot, job: dict, tests: list[dict], judge, per_test: float, total_deadline: float, result: SandboxResult) -> None:
+        slot.ensure_helper()
+        slot.request(job, time.monotonic() + 10)
+        result.passed = True
+        for i, test in enumerate(tests):
+            if time.monotonic() > total_deadline:
+                result.passed, result.stopped = False, f"total time limit ({self.settings.total_timeout_seconds:g}s) reached before test {i}"
+                self.on_kill("total_timeout", 0)
+                break
+            reply = slot.request({"op": "test", "i": i, **test}, time.monotonic() + per_test + GRACE_SECONDS)
+            if reply is None or reply.get("op") != "result":
+                slot.stop_helper()
+                raise SandboxError(f"the sandbox helper stopped answering during test {i}")
+            run = TestRun(
+                index=i,
+                status=_status(reply),
+                stdout=reply.get("stdout", ""),
+                report=reply.get("report", ""),
+                stderr=reply.get("stderr", ""),
+                exit_code=reply.get("exit"),
+                signal=reply.get("signal"),
+                seconds=float(reply.get("seconds", 0.0)),
+                leftovers=int(reply.get("leftovers", 0)),
+            )
+            result.tests.append(run)
+            if run.status in ("timeout", "memory_limit"):
+                self.on_kill(run.status if run.status == "memory_limit" else "test_timeout", 1)
+            if run.leftovers:
+                result.killed += run.leftovers
+                self.on_kill("leftover_processes", run.leftovers)
+            if run.exit_code == 121:
+                raise SandboxError("the sandbox could not drop privileges")
+            if not judge(test, run):
+                result.passed, result.stopped = False, f"test {i} failed"
+                break
+        reply = slot.request({"op": "end"}, time.monotonic() + 30)
+        if reply is None or reply.get("op") != "clean":
+            slot.stop_helper()
+            raise SandboxError("the sandbox helper did not clean up")
+        if reply.get("killed"):
+            result.killed += int(reply["killed"])
+            self.on_kill("leftover_processes", int(reply["killed"]))
+
+    def close(self) -> None:
+        for slot in self._slots:
+            slot.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _status(reply: dict) -> str:
+    status = reply.get("status", "crashed")
+    if status == "ok" and (reply.get("signal") is not None or reply.get("exit") not in (0, None)):
+        return "crashed"
+    return status

@@ -1,0 +1,200 @@
+"""Scoring samples: pick the verifier by data source, bound its time, add the penalties.
+
+    with Scorer(RewardSettings()) as scorer:
+        scores = scorer.score_many([Sample("math", response, "42")])   # -> list[pb.Score]
+
+`Scorer` owns the two pools the verifiers need — `TimeboxedPool` processes for math (a hard
+wall-clock bound per response, from any thread) and the code `Sandbox` (started on the first
+code sample, so math-only runs never need its privileges) — and is safe to share between the
+stream worker and the HTTP endpoint. A sample never raises: whatever goes wrong becomes its
+verdict (``error`` when the fault is not the response's), so one bad sample never fails the
+batch around it.
+
+The reward of a sample is ``correctness + sum(penalties)``; `pb.Score` carries both, the
+penalties by name. The penalties are the sample's own (its stage's, carried on the prompt
+group) or else the service's settings.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from magic.config.schema import PenaltySettings
+from magic.observability.metrics import REWARD_INFLIGHT, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS, SANDBOX_KILLS
+from magic.protocol.pb import messages_pb2 as pb
+from magic.reward.math import verifier as math_verifier
+from magic.reward.penalties import PenaltyInput, compute_penalties
+from magic.reward.settings import RewardSettings
+from magic.reward.timeboxed import TimeboxedPool
+from magic.reward.verdict import Status, Verdict
+
+log = logging.getLogger(__name__)
+
+SLOW_SECONDS = 2.0
+"""Verifications slower than this are logged."""
+PB_VERDICT = {
+    Status.correct: pb.VERDICT_CORRECT,
+    Status.wrong: pb.VERDICT_WRONG,
+    Status.no_answer: pb.VERDICT_NO_ANSWER,
+    Status.timeout: pb.VERDICT_TIMEOUT,
+    Status.error: pb.VERDICT_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response to score, with what its verifier and penalties need."""
+
+    data_source: str
+    response: str
+    ground_truth: str
+    problem: str = ""  # the prompt's last user message (multiple-choice options are read from it)
+    response_tokens: int | None = None
+    max_tokens: int | None = None  # the context length T it was sampled with
+    penalties: PenaltySettings | None = None  # the stage's penalties; None: the service's settings
+
+
+def verify_math(name: str, response: str, gold: str, problem: str) -> Verdict:
+    """Run the registered math verifier `name` (called inside a timeboxed worker process)."""
+    return math_verifier.get_verifier(name)(response, gold, problem)
+
+
+class Scorer:
+    """Scores samples with the verifier their data source calls for (see the module docstring)."""
+
+    def __init__(self, settings: RewardSettings):
+        self.settings = settings
+        math_verifier.get_verifier(settings.math.verifier)  # fail now on a misspelt name
+        self._code_patterns = [p.lower() for p in settings.code_data_sources]
+        self.math_pool = TimeboxedPool(
+            workers=settings.math.workers,
+            timeout=settings.math.timeout_seconds,
+            preload=["magic.reward.scoring", "magic.reward.math.equiv", "math_verify"],
+            memory_mb=settings.math.memory_mb,
+            on_kill=lambda: REWARD_TIMEOUTS.labels(kind="math").inc(),
+        )
+        self._sandbox = None
+        self._code = None
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=settings.math.workers + settings.sandbox.slots, thread_name_prefix="score")
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def kind(self, data_source: str) -> str:
+        """"code" when `data_source` matches a code pattern of the settings, else "math".
+
+        >>> from magic.reward.settings import RewardSettings
+        >>> s = Scorer.__new__(Scorer); s._code_patterns = ["code", "*livecodebench*"]
+        >>> s.kind("LiveCodeBench/v5"), s.kind("math"), s.kind("magic/chain-sum")
+        ('code', 'math', 'math')
+        """
+        ds = data_source.lower()
+        return "code" if any(fnmatch.fnmatchcase(ds, p) for p in self._code_patterns) else "math"
+
+    def code_verifier(self):
+        """The code verifier, starting the sandbox on first use."""
+        with self._lock:
+            if self._code is None:
+                # on first use: the sandbox registers a fork handler when imported, and the math
+                # verifier's worker processes (which import this module) never run code
+                from magic.reward.code.verifier import CodeVerifier
+                from magic.reward.sandbox.runner import Sandbox
+
+                self._sandbox = Sandbox(self.settings.sandbox, on_kill=lambda reason, n: SANDBOX_KILLS.labels(reason=reason).inc(n))
+                self._code = CodeVerifier(self._sandbox)
+            return self._code
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def verdict(self, sample: Sample) -> tuple[str, Verdict]:
+        """The verdict on one sample and the kind of verifier that gave it; never raises."""
+        kind = self.kind(sample.data_source)
+        REWARD_INFLIGHT.labels(kind=kind).inc()
+        try:
+            if kind == "code":
+                return kind, self.code_verifier().verify(sample.response, sample.ground_truth)
+            return kind, self._verify_math(sample)
+        except Exception as exc:  # noqa: BLE001 — a verifier failure is this sample's verdict
+            # (math runs in worker processes, so this is never a sympy object's message)
+            log.exception("verifying a %s sample failed", kind)
+            return kind, Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            REWARD_INFLIGHT.labels(kind=kind).dec()
+
+    def _verify_math(self, sample: Sample) -> Verdict:
+        result = self.math_pool.call(verify_math, self.settings.math.verifier, sample.response, sample.ground_truth, sample.problem)
+        if result.status == "ok":
+            return result.value
+        if result.status == "timeout":
+            return Verdict(Status.timeout, "", f"verification exceeded {self.settings.math.timeout_seconds:g}s", result.seconds)
+        return Verdict(Status.error, "", f"verifier {result.status}: {result.error}", result.seconds)
+
+    def score(self, sample: Sample) -> pb.Score:
+        """Score one sample: its verdict, the penalties, and the reward."""
+        kind, v = self.verdict(sample)
+        correctness = 1.0 if v.correct else 0.0
+        settings = sample.penalties if sample.penalties is not None else self.settings.penalties
+        penalties = compute_penalties(PenaltyInput(sample.response, sample.response_tokens, sample.max_tokens), settings)
+        for name, value in penalties.items():
+            if value:
+                REWARD_PENALTIES.labels(name=name).inc()
+        REWARD_LATENCY.labels(kind=kind).observe(v.seconds)
+        if v.seconds > SLOW_SECONDS:
+            log.warning("slow %s verification: %.1fs, %s (%s)", kind, v.seconds, v.status.value, v.details[:120])
+        REWARD_VERDICTS.labels(kind=kind, verdict=v.status.value).inc()
+        if kind == "code" and v.status is Status.wrong and "time limit" in v.details:
+            REWARD_TIMEOUTS.labels(kind="code").inc()
+        details = v.details if not v.answer else f"{v.details}; answer={v.answer[:80]!r}"
+        return pb.Score(
+            reward=correctness + sum(penalties.values()),
+            correctness=correctness,
+            verdict=PB_VERDICT[v.status],
+            penalties=penalties,
+            details=details[:500],
+            seconds=v.seconds,
+        )
+
+    def score_many(self, samples: list[Sample]) -> list[pb.Score]:
+        """Score samples concurrently (bounded by the pools); results in the same order."""
+        if len(samples) == 1:
+            return [self.score(samples[0])]
+        return list(self._executor.map(self.score, samples))
+
+    def warm_up(self, sandbox: bool = False) -> None:
+        """Verify a trivial answer (and run a trivial program when `sandbox`), so the first real
+        sample pays no start-up cost and a misconfiguration shows at start; then `ready()`."""
+        v = self._verify_math(Sample("math", "\\boxed{1}", "1"))
+        if not v.correct:
+            raise RuntimeError(f"the math verifier failed its self-check: {v.status.value} ({v.details})")
+        if sandbox:
+            code = Sample("code", "```python\nprint(int(input()) + 1)\n```", '{"type": "stdin_stdout", "inputs": ["1"], "outputs": ["2"]}')
+            v = self.code_verifier().verify(code.response, code.ground_truth)
+            if not v.correct:
+                raise RuntimeError(f"the code sandbox failed its self-check: {v.status.value} ({v.details})")
+        self._ready.set()
+
+    def ready(self) -> bool:
+        """True once `warm_up` succeeded and until `close`."""
+        return self._ready.is_set() and not self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self.math_pool.close()
+        with self._lock:
+            if self._sandbox is not None:
+                self._sandbox.close()
+                self._sandbox = None
+                self._code = None
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,122 @@
+"""Settings of the reward service (env `MAGIC_*`; nested groups with a double underscore:
+`MAGIC_MATH__TIMEOUT_SECONDS=3`, `MAGIC_SANDBOX__MEMORY_MB=2048`). Only the reward service and the
+tools that score like it (`magic local`'s evaluation, the reward benchmarks) read them; the
+settings every process shares are `ServiceSettings` in `magic.config.schema`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from magic.config.schema import PenaltySettings
+from magic.config.settings import ServiceSettings
+
+
+def _cpu_count() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+class MathRewardSettings(BaseModel):
+    """The math verifier (`magic.reward.math.verifier`). Env: ``MAGIC_MATH__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verifier: str = "magic"
+    """Registered verifier: "magic" (default) or "skywork-or1" (the paper's plain procedure)."""
+    timeout_seconds: float = Field(default=5.0, gt=0, le=600)
+    """Hard wall-clock bound on verifying one response; past it the worker process is killed
+    and the verdict is `timeout` (reward 0)."""
+    workers: int = Field(default_factory=_cpu_count, ge=1, le=256)
+    """Verifier processes: how many responses are verified at once."""
+    memory_mb: int = Field(default=2048, ge=256)
+    """Address-space limit of each verifier process (a huge number cannot exhaust the pod)."""
+
+
+class SandboxSettings(BaseModel):
+    """The code sandbox (`magic.reward.sandbox.runner`). Env: ``MAGIC_SANDBOX__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: int = Field(default_factory=_cpu_count, ge=1, le=256)
+    """Programs run at once; each slot has its own uid, working directory and helper process."""
+    isolation: Literal["auto", "uid", "session"] = "auto"
+    """"uid" runs each slot's programs as a dedicated unprivileged user (needs root or
+    CAP_SETUID/CAP_SETGID); "session" only puts them in their own session (weaker: see
+    docs/reward.md); "auto" picks "uid" when the service runs as root."""
+    uid_base: int = Field(default=61000, ge=1000, le=2**31 - 2)
+    """First uid (and gid) of the range the slots' users come from; no other process may use it."""
+    uid_count: int = Field(default=256, ge=1, le=65536)
+    """Size of that range; slots of several reward processes on one host share it through lock files."""
+    root: Path = Path("/tmp/magic-sandbox")
+    """Directory for lock files and per-slot working directories (created root-owned, mode 0711)."""
+    bwrap: Literal["auto", "on", "off"] = "auto"
+    """Start each slot's helper under bubblewrap (`magic.reward.sandbox.confine`): a minimal read-only
+    root of its own, private /tmp and /dev/shm, new PID, network, IPC and UTS namespaces. "auto"
+    uses it when it works here (logged otherwise) and falls back to `namespaces`; "on" refuses
+    to start without it."""
+    seccomp: Literal["auto", "on", "off"] = "auto"
+    """Load the seccomp filter of `magic.reward.sandbox.confine` (with no_new_privs) in every slot:
+    no namespaces, mounts, ptrace, keyrings, bpf, perf_event_open. "auto" skips it (logged)
+    where libseccomp or its binding is missing; "on" refuses to start without it."""
+    namespaces: bool = True
+    """Without bubblewrap, when running as root: give each slot its own network (nothing
+    reachable), mount (private /tmp, hidden secrets) and IPC namespace."""
+    hidden_paths: list[str] = Field(default_factory=lambda: ["/var/run/secrets", "/run/secrets", "/root", "/home"])
+    """Directories replaced by an empty read-only tmpfs inside the sandbox (`namespaces` only;
+    under bubblewrap nothing of the host but /usr and Python is visible)."""
+    private_tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"])
+    """World-writable directories replaced by the slot's private scratch space (`namespaces`
+    only; under bubblewrap /tmp and /dev/shm are the only writable places)."""
+    test_timeout_seconds: float = Field(default=6.0, gt=0, le=600)
+    """Wall-clock limit of one test (LiveCodeBench and Skywork-OR1 use 6 s); a test's own
+    `time_limit_seconds` in the ground truth overrides it."""
+    total_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Wall-clock limit of all tests of one response together."""
+    memory_mb: int = Field(default=1024, ge=64)
+    """Address-space limit of each process of the program (RLIMIT_AS)."""
+    total_memory_mb: int = Field(default=2048, ge=64)
+    """Resident memory of all the program's processes together; the test is killed past it
+    (checked every 50 ms)."""
+    processes: int = Field(default=32, ge=1, le=4096)
+    """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
+    file_mb: int = Field(default=64, ge=1)
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    disk_mb: int = Field(default=128, ge=1)
+    """Size of the slot's private scratch space (a tmpfs; under bubblewrap /tmp and /dev/shm
+    have this size each)."""
+    open_files: int = Field(default=256, ge=16, le=65536)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    max_output_mb: float = Field(default=8.0, gt=0, le=1024)
+    """Output (stdout, or reported values) kept per test; a test that writes more fails."""
+
+
+
+class RewardSettings(ServiceSettings):
+    """The reward service. Nested groups are set with a double underscore:
+    ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_SANDBOX__MEMORY_MB=2048``."""
+
+    model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
+
+    math: MathRewardSettings = Field(default_factory=MathRewardSettings)
+    """The math verifier."""
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    """The code sandbox."""
+    penalties: PenaltySettings = Field(default_factory=PenaltySettings)
+    """Optional penalties."""
+    code_data_sources: list[str] = Field(
+        default_factory=lambda: ["code", "code/*", "*livecodebench*", "*humaneval*", "*mbpp*", "*taco*", "*apps*", "*codecontests*", "*leetcode*", "*code-*", "*-code*"]
+    )
+    """`data_source` patterns (fnmatch, case-insensitive) judged by the code sandbox; every other
+    data source is judged as a math answer."""
+    api_token: SecretStr | None = Field(default=None, min_length=16)
+    """Bearer token POST /v1/score requires (env MAGIC_API_TOKEN, the controller's token; the
+    Helm chart sets it from the same Secret). Unset, the endpoint refuses every request (403):
+    it runs submitted code."""
+    max_request_samples: int = Field(default=1024, ge=1)
+    """Most samples one POST /v1/score request may carry."""
+    read_groups: int = Field(default=8, ge=1, le=1024)
+    """Rollout groups taken from the stream at once; their samples are scored concurrently."""

@@ -1,0 +1,182 @@
+"""The step contract between the services, written once: who writes which fact of step k, and how.
+
+One channel per fact (the streams are described in `proto/magic/v1/messages.proto`):
+
+=========================  ===========================================  ==========================
+fact                       channel (key in `magic.protocol.keys.RunKeys`)  written by
+=========================  ===========================================  ==========================
+step k is published        `step(k)` hash: `expected`, `stage`,          controller, in the MULTI
+(what the learner needs)   `stage_config`, `published_at`;               that XADDs the prompts and
+                           `groups(k)` hash: group id -> digest          moves the barrier
+a group is genuine         `groups(k)` (or `groups("estimation")`):      controller (same MULTI)
+                           the SHA-256 of the PromptGroup it published
+step k is trained          `learner_state.last_step = k` +               learner, one MULTI (below)
+                           StepCompleted(k) on `events` + acks of the
+                           step's `scored` entries
+version v is announced     a WeightUpdate on `weights` (the newest       learner (weight transport)
+                           entry is the authority)
+version v is loaded        `weight_versions` hash: worker -> version     rollout worker
+a worker cannot go on      WorkerError on `events`                       any service's serve loop
+=========================  ===========================================  ==========================
+
+The learner's commit of step k, idempotent under a crash at any point:
+
+1. train; checkpoint (optional);
+2. *prepare*: store StepCompleted(k) in `learner_state.prepared` (HSET);
+3. *announce* v(k+1) through the weight transport (an XADD on `weights`);
+4. *commit*: one MULTI — `last_step = k`, delete `prepared`, XACK the step's `scored` entries,
+   XADD StepCompleted(k) on `events`.
+
+A learner restarting with `last_step = k - 1` finds one of three states: nothing prepared (it
+trains step k again from the same pending entries); prepared but v(k+1) not announced (same:
+the prepared record is dropped); prepared and v(k+1) announced (it completes step 4 with the
+prepared record — the weights rollout workers may already serve are the ones committed). The
+controller accepts a StepCompleted(k) only when `last_step >= k`, so a forged or stray event
+cannot move the barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import redis
+
+from magic.config.schema import StageConfig
+from magic.protocol import codec, keys
+from magic.protocol.pb import messages_pb2 as pb
+
+ESTIMATION = "estimation"
+"""The scope of difficulty-estimation groups in `RunKeys.groups` (train groups use their step)."""
+
+
+def group_digest(group: pb.PromptGroup) -> str:
+    """SHA-256 of the PromptGroup as the controller published it (deterministic serialization):
+    a consumer recognises a genuine group — same id, same content — by it."""
+    return hashlib.sha256(group.SerializeToString(deterministic=True)).hexdigest()
+
+
+def group_scope(group: pb.PromptGroup) -> str | int:
+    return ESTIMATION if group.kind == pb.GROUP_KIND_ESTIMATE else int(group.step)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the controller published for step k (the `step(k)` hash)."""
+
+    step: int
+    expected: int  # D_R: groups the learner waits for
+    stage: int  # index of the stage in the run's plan
+    stage_config: StageConfig  # the stage settings the learner trains the step with
+    published_at: float  # unix seconds
+
+
+@dataclass(frozen=True)
+class LearnerProgress:
+    """The learner's committed position (`learner_state` hash)."""
+
+    last_step: int  # -1 before the first step
+    entropy_coef: float | None
+    prepared: pb.StepCompleted | None  # step 2 of the commit, done but not step 4
+    prepared_coef: float  # the entropy coefficient after the prepared step
+
+
+class StepStore:
+    """The only code that reads or writes the step contract's keys (see the module docstring)."""
+
+    def __init__(self, r: redis.Redis, run_id: str):
+        self.r = r
+        self.run_id = run_id
+        self.keys = keys.RunKeys(run_id)
+
+    # -- controller: publishing ------------------------------------------------------------------
+
+    def publish_groups(self, pipe: redis.client.Pipeline, scope: str | int, groups: list[pb.PromptGroup]) -> None:
+        """Queue on `pipe` the XADD of each group to `prompts` and its digest in `groups(scope)`."""
+        if not groups:
+            return
+        pipe.hset(self.keys.groups(scope), mapping={g.group_id: group_digest(g) for g in groups})
+        for g in groups:
+            pipe.xadd(self.keys.prompts, codec.encode(g))
+
+    def publish_step(self, pipe: redis.client.Pipeline, k: int, stage: int, config: StageConfig, groups: list[pb.PromptGroup]) -> None:
+        """Queue on `pipe` step k's record and its groups (the caller adds the barrier move)."""
+        pipe.hset(self.keys.step(k), mapping={"expected": len(groups), "stage": stage, "stage_config": config.model_dump_json(), "published_at": time.time()})
+        self.publish_groups(pipe, k, groups)
+
+    def record(self, k: int) -> StepRecord | None:
+        raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.step(k)).items()}
+        if "expected" not in raw:
+            return None
+        return StepRecord(k, int(raw["expected"]), int(raw["stage"]), StageConfig.model_validate_json(raw["stage_config"]), float(raw.get("published_at") or 0.0))
+
+    def expected(self, k: int) -> int | None:
+        raw = self.r.hget(self.keys.step(k), "expected")
+        return int(raw) if raw is not None else None
+
+    # -- every consumer: is this group one the controller published? -----------------------------
+
+    def check_group(self, group: pb.PromptGroup) -> str | None:
+        """None if `group` is exactly a group the controller published in this run, else why not."""
+        if group.run_id != self.run_id:
+            return f"group {group.group_id!r} belongs to run {group.run_id!r}, not {self.run_id!r}"
+        digest = self.r.hget(self.keys.groups(group_scope(group)), group.group_id)
+        if digest is None:
+            return f"group {group.group_id!r} (step {group.step}) was never published by the controller"
+        if digest.decode() != group_digest(group):
+            return f"group {group.group_id!r} differs from the one the controller published"
+        return None
+
+    # -- learner: the commit ---------------------------------------------------------------------
+
+    def learner_progress(self) -> LearnerProgress:
+        raw = {a.decode(): b for a, b in self.r.hgetall(self.keys.learner_state).items()}
+        prepared = pb.StepCompleted.FromString(raw["prepared"]) if raw.get("prepared") else None
+        coef = raw.get("entropy_coef")
+        return LearnerProgress(
+            int(raw["last_step"]) if "last_step" in raw else -1,
+            float(coef) if coef is not None else None,
+            prepared,
+            float(raw.get("prepared_coef") or 0.0),
+        )
+
+    def prepare(self, done: pb.StepCompleted, entropy_coef: float) -> None:
+        """Commit step 2: remember StepCompleted(k) (and the entropy coefficient after it) before
+        announcing v(k+1)."""
+        self.r.hset(self.keys.learner_state, mapping={"prepared": done.SerializeToString(), "prepared_coef": entropy_coef})
+
+    def drop_prepared(self) -> None:
+        self.r.hdel(self.keys.learner_state, "prepared", "prepared_coef")
+
+    def commit(self, done: pb.StepCompleted, source: str, entropy_coef: float, scored_group: str, entry_ids: list[str]) -> None:
+        """Commit step 4, one MULTI: the step is trained, its entries acked, StepCompleted sent."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self.keys.learner_state, mapping={"last_step": done.step, "updated_at": time.time(), "entropy_coef": entropy_coef})
+        pipe.hdel(self.keys.learner_state, "prepared", "prepared_coef")
+        if entry_ids:
+            pipe.xack(self.keys.scored, scored_group, *entry_ids)
+        pipe.xadd(self.keys.events, codec.encode(pb.Event(run_id=self.run_id, at=time.time(), source=source, step_completed=done)))
+        pipe.execute()
+
+    def last_trained(self) -> int:
+        """The learner's committed `last_step` (-1 before the first)."""
+        raw = self.r.hget(self.keys.learner_state, "last_step")
+        return int(raw) if raw is not None else -1
+
+    # -- rollout workers: which version each serves ----------------------------------------------
+
+    def serve_version(self, worker: str, version: int) -> None:
+        self.r.hset(self.keys.weight_versions, worker, version)
+
+    def served_versions(self) -> dict[str, int]:
+        return {a.decode(): int(b) for a, b in self.r.hgetall(self.keys.weight_versions).items()}
+
+
+def event_problem(event: pb.Event, run_id: str) -> str | None:
+    """None if `event` is a well-formed event of run `run_id`, else why it is refused."""
+    if event.run_id != run_id:
+        return f"event of run {event.run_id!r} on run {run_id!r}'s stream"
+    if event.WhichOneof("kind") is None:
+        return "event carries no kind (not an Event, or an unknown one)"
+    return None

@@ -1,0 +1,198 @@
+"""Transport `filesystem`: versioned safetensors directories on a volume every pod mounts.
+
+The learner publishes policy version k as a directory `<root>/v<k:06d>/` holding the Hugging
+Face `config.json` and `model.safetensors`, then writes a completion marker `COMPLETE` with the
+file's SHA-256 and size. A directory without the marker (a publish still in progress, or one
+that died half-way) is never loaded; a marker or file that does not match the announcement is
+refused with `WeightIntegrityError`. Old versions are garbage-collected, keeping the newest few.
+
+Publishing writes into a hidden temporary directory, fsyncs, and renames it into place, so
+readers never see a partial `v<k>` directory; the marker is written (and fsynced) last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from magic.protocol.pb import messages_pb2 as pb
+from magic.store.streams import Stream
+from magic.weights.base import Checkpoint, CheckpointLoader, WeightIntegrityError, WeightReceiver, WeightSender
+from magic.weights.config import FilesystemTransportConfig
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+MARKER = "COMPLETE"
+TRANSPORT = "filesystem"
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class FilesystemWeightStore:
+    """Versioned weights under `root` (one run's weights directory)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / f"v{version:06d}"
+
+    def write(self, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> tuple[Path, str, int]:
+        """Write version `version` atomically; returns (directory, checksum, size of the weights file)."""
+        from safetensors.torch import save_file
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.version_dir(version)
+        tmp = self.root / f".{final.name}.partial-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        weights = tmp / WEIGHTS_FILE
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        save_file(tensors, str(weights), metadata={"format": "pt", "magic_version": str(version)})
+        _fsync_path(weights)
+        (tmp / CONFIG_FILE).write_text(config_json)
+        checksum, size = sha256_file(weights), weights.stat().st_size
+        if final.exists():  # a previous attempt at this version (learner restarted mid-publish)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_write(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size}))
+        return final, checksum, size
+
+    def publish(self, run_id: str, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> pb.WeightUpdate:
+        """Write version `version` and return the WeightUpdate that announces it."""
+        final, checksum, size = self.write(version, state_dict, config_json)
+        return pb.WeightUpdate(
+            run_id=run_id, version=version, transport=TRANSPORT, uri=str(final.resolve()), checksum=checksum, num_bytes=size, published_at=time.time()
+        )
+
+    @staticmethod
+    def verify(directory: Path, version: int, checksum: str = "", num_bytes: int = 0, check_hash: bool = True) -> Checkpoint:
+        """Check `directory` holds complete, intact weights of `version`; raise WeightIntegrityError if not."""
+        directory = Path(directory)
+        marker = directory / MARKER
+        if not marker.exists():
+            raise WeightIntegrityError(f"weights v{version} at {directory} are incomplete: no {MARKER} marker")
+        try:
+            meta = json.loads(marker.read_text())
+        except ValueError as exc:
+            raise WeightIntegrityError(f"weights v{version}: unreadable marker {marker}: {exc}") from exc
+        weights = directory / WEIGHTS_FILE
+        if meta.get("version") != version:
+            raise WeightIntegrityError(f"{directory} holds version {meta.get('version')}, expected {version}")
+        if not weights.exists() or weights.stat().st_size != meta.get("num_bytes") or (num_bytes and num_bytes != meta.get("num_bytes")):
+            raise WeightIntegrityError(f"weights v{version}: {weights} is missing or has the wrong size")
+        if check_hash:
+            actual = sha256_file(weights)
+            if actual != meta.get("checksum") or (checksum and actual != checksum):
+                raise WeightIntegrityError(
+                    f"weights v{version}: checksum mismatch for {weights} (file {actual}, announced {checksum or meta.get('checksum')})"
+                )
+        return Checkpoint(version, directory)
+
+    @staticmethod
+    def load(update: pb.WeightUpdate, verify: bool = True) -> dict[str, torch.Tensor]:
+        """The state dict of a filesystem `update`; raises WeightIntegrityError if it is partial or corrupt."""
+        from safetensors.torch import load_file
+
+        checkpoint = FilesystemWeightStore.verify(Path(update.uri), update.version, update.checksum, update.num_bytes, check_hash=verify)
+        return load_file(str(checkpoint.directory / WEIGHTS_FILE))
+
+    def load_version(self, version: int) -> dict[str, torch.Tensor]:
+        """The state dict of a version in this store (checked like `load`)."""
+        from safetensors.torch import load_file
+
+        checkpoint = self.verify(self.version_dir(version), version)
+        return load_file(str(checkpoint.directory / WEIGHTS_FILE))
+
+    def complete_versions(self) -> list[int]:
+        if not self.root.exists():
+            return []
+        out = []
+        for d in self.root.iterdir():
+            if d.is_dir() and d.name.startswith("v") and d.name[1:].isdigit() and (d / MARKER).exists():
+                out.append(int(d.name[1:]))
+        return sorted(out)
+
+    def gc(self, keep: int) -> list[int]:
+        """Delete all but the newest `keep` complete versions and any stale partial directory."""
+        versions = self.complete_versions()
+        doomed = versions[:-keep] if keep > 0 else versions
+        for v in doomed:
+            shutil.rmtree(self.version_dir(v), ignore_errors=True)
+        if self.root.exists():
+            for d in self.root.iterdir():
+                if d.name.startswith(".") and ".partial-" in d.name and time.time() - d.stat().st_mtime > 3600:
+                    shutil.rmtree(d, ignore_errors=True)
+        return doomed
+
+
+class FilesystemSender(WeightSender):
+    """Write each version into the shared store, announce it, keep the newest `keep`."""
+
+    def __init__(self, run_id: str, store: FilesystemWeightStore, stream: Stream, config_json: str, keep: int):
+        self.run_id = run_id
+        self.store = store
+        self.stream = stream
+        self.config_json = config_json
+        self.keep = keep
+
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> pb.WeightUpdate:
+        update = self.store.publish(self.run_id, version, state_dict, self.config_json)
+        self.stream.add(update)
+        self.store.gc(keep=self.keep)
+        return update
+
+    def load_version(self, version: int) -> dict[str, torch.Tensor]:
+        return self.store.load_version(version)
+
+
+class FilesystemReceiver(WeightReceiver):
+    """Check the announced directory (waiting briefly for its marker) and have the engine load it."""
+
+    def __init__(self, config: FilesystemTransportConfig):
+        self.config = config
+
+    def receive(self, update: pb.WeightUpdate, engine: CheckpointLoader) -> None:
+        engine.load_checkpoint(self.checkpoint(update))
+
+    def checkpoint(self, update: pb.WeightUpdate) -> Checkpoint:
+        """The verified directory of `update`, waiting up to `marker_wait_seconds` for its marker."""
+        if not update.uri:
+            raise WeightIntegrityError(f"weights v{update.version}: the announcement names no directory")
+        directory = Path(update.uri)
+        deadline = time.monotonic() + self.config.marker_wait_seconds
+        while not (directory / MARKER).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return FilesystemWeightStore.verify(directory, update.version, update.checksum, update.num_bytes)

@@ -1,0 +1,46 @@
+import pytest
+from pydantic import ValidationError
+
+from magic.config.schema import RunSpec, StageConfig
+from magic.config.settings import ServiceSettings
+
+
+def stage(**kw):
+    base = {"steps": 3, "T": 64, "D_R": 8, "gs": 4}
+    return StageConfig.model_validate({**base, **kw})
+
+
+def test_paper_symbols_are_accepted_as_aliases():
+    s = StageConfig.model_validate({"steps": 2, "T": 128, "D_R": 16, "gs": 8, "tau": 0.9})
+    assert (s.context_length, s.rollout_batch_size, s.group_size, s.temperature) == (128, 16, 8, 0.9)
+    s2 = StageConfig.model_validate({"steps": 2, "context_length": 128, "rollout_batch_size": 16, "group_size": 8})
+    assert s2.context_length == 128
+
+
+@pytest.mark.parametrize("bad", [{"gs": 1}, {"T": 0}, {"tau": 0}, {"clip_low": 1.0}, {"steps": 0}, {"unknown": 1}])
+def test_invalid_stage_fields_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        stage(**bad)
+
+
+def test_run_spec_walks_the_stage_plan():
+    spec = RunSpec(name="r1", model="m", train_files=["x.jsonl"], stages=[stage(name="a", steps=2), stage(name="b", steps=3, T=128)])
+    assert spec.total_steps == 5
+    assert [spec.stage_at(k)[0] for k in range(5)] == [0, 0, 1, 1, 1]
+    assert spec.stage_at(4)[1].context_length == 128
+    with pytest.raises(ValueError):
+        spec.stage_at(5)
+
+
+def test_run_names_and_stage_names_are_checked():
+    with pytest.raises(ValidationError):
+        RunSpec(name="Bad Name", model="m", train_files=["x"], stages=[stage()])
+    with pytest.raises(ValidationError, match="unique"):
+        RunSpec(name="ok", model="m", train_files=["x"], stages=[stage(name="a"), stage(name="a")])
+
+
+def test_settings_come_from_magic_env(monkeypatch):
+    monkeypatch.setenv("MAGIC_REDIS_URL", "redis://example:1/2")
+    monkeypatch.setenv("MAGIC_MAX_DELIVERIES", "7")
+    s = ServiceSettings()
+    assert s.redis_url == "redis://example:1/2" and s.max_deliveries == 7
