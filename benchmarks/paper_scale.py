@@ -221,7 +221,7 @@ def run(args) -> dict:
                 max_position_embeddings=args.max_tokens + 1024)  # only its config and tokenizer are used
     data = tmp / "train.jsonl"
     _dataset(data, args.groups * (args.steps + 1))
-    server = RedisServer(maxmemory=args.maxmemory).start()
+    server = RedisServer(maxmemory=args.maxmemory, appendfsync=args.appendfsync).start()
     r = redis.Redis.from_url(server.url)
     port = free_port()
     base = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_LOG_LEVEL": "WARNING"}
@@ -261,7 +261,8 @@ def run(args) -> dict:
             raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")
         k = keys.RunKeys(RUN)
         print(f"D_R={args.groups} gs={args.group_size} T={args.max_tokens} steps={args.steps}; stand-in generation {args.generation_seconds}s, "
-              f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}; logs {tmp / 'logs'}")
+              f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
+              f"appendfsync {args.appendfsync or '(no AOF)'}; logs {tmp / 'logs'}")
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
               f"{'through MB':>10} {'reward/s':>9}  streams (prompts rollouts scored events weights dead)")
         steps: list[dict] = []
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward-processes", type=int, default=0, help="verifier processes of each reward worker, MAGIC_MATH__WORKERS (0: one per core)")
     ap.add_argument("--vocab", type=int, default=151_936, help="token ids are drawn below this (Qwen2.5's vocabulary)")
     ap.add_argument("--maxmemory", default="3gb", help="Redis maxmemory (the chart's default)")
+    ap.add_argument("--appendfsync", choices=("always", "everysec", "no"), default=None,
+                    help="run Redis with an append-only file fsynced this way (default: none, as `magic local`); the chart's is everysec")
     ap.add_argument("--keep-streams", action="store_true", help="run the controller with MAGIC_TRIM_STREAMS=false (for comparison)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the per-step figures here")

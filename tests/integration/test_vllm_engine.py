@@ -26,7 +26,7 @@ from vllm_venv import VLLM_PYTHON, require_vllm
 from magic import modeling
 from magic.rollout.engine import GenerationRequest
 from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied
-from magic.rollout.vllm_server import VllmServer, VllmServerConfig, VllmServerError
+from magic.rollout.vllm_server import VllmServer, VllmServerConfig, VllmServerError, free_port
 from magic.weights import Checkpoint, WeightIntegrityError
 
 MAX_MODEL_LEN = 128
@@ -261,9 +261,7 @@ RUN = "v"
 
 
 def _publish_weights(r, tmp_path, model_dir: Path, version: int):
-    from magic.protocol import keys
     from magic.store.channels import RunChannels
-    from magic.store.streams import Stream
     from magic.weights import make_sender
     from magic.weights.config import FilesystemTransportConfig
 
@@ -326,6 +324,77 @@ def _worker_generating(r, server, engine, tmp_path, model_dir, group_id: str):
         assert time.monotonic() < deadline, f"the worker never took group {group_id} ({_rollouts(r)=}, {r.xlen(keys.RunKeys(RUN).dead)=})"
         worker.poll()
     return worker
+
+
+def _served(url: str) -> str | None:
+    return httpx.get(f"{url}/weight_info", timeout=30).json().get("weight_version")
+
+
+def test_a_server_that_dies_at_any_moment_is_resynced_never_failing_the_run(r, vllm_model_dir, tmp_path):
+    """A sidecar vLLM server (not started by the engine) killed while its worker is idle, and
+    killed between the pause and the reload of a new version: the worker's poll raises
+    VllmServerDied — a WorkerRestart, so the runtime attaches the worker again and the run goes
+    on — never a ConnectError (a fatal error that failed the run). Restarted on the same address
+    it serves its initial weights under no label: an engine that believes it serves v2 refuses to
+    sample there, and the worker attached again loads v2 before it generates anything."""
+    config = VllmServerConfig(model=str(vllm_model_dir), python=VLLM_PYTHON, max_model_len=MAX_MODEL_LEN, port=free_port())
+    sidecar = VllmServer(config, tmp_path / "sidecar.log").start(timeout=900)
+    try:
+        worker = _worker(r, VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300), tmp_path)
+        v1 = perturbed(vllm_model_dir, tmp_path / "m1", 1).directory
+        _publish_weights(r, tmp_path, v1, 1)
+        deadline = time.monotonic() + 120
+        while worker.engine.version != 1:
+            assert time.monotonic() < deadline, "the worker never loaded v1"
+            worker.poll()
+        assert _served(sidecar.url) == "1"
+        # killed while the worker is idle; the next version's reload meets the dead server
+        os.kill(sidecar.proc.pid, signal.SIGKILL)
+        sidecar.proc.wait(30)
+        _publish_weights(r, tmp_path, perturbed(vllm_model_dir, tmp_path / "m2", 2).directory, 2)
+        with pytest.raises(VllmServerDied, match="loading v2 .* failed"):
+            for _ in range(50):
+                worker.poll()
+        worker.close()
+        sidecar.start(timeout=900)  # the kubelet restarts the container: same address, initial weights, no label
+        stale = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
+        stale.version = 2  # an engine that did not notice the restart
+        with pytest.raises(VllmServerDied, match="not v2: it restarted"):
+            stale.submit("g", GenerationRequest([1, 2, 3], n=1, max_tokens=4))
+        stale.close()
+        # killed again, between the pause and the reload (mid-reload)
+        engine = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
+        post = engine._post
+
+        def dies_after_pause(path, **kw):
+            out = post(path, **kw)
+            if path == "/pause":
+                os.kill(sidecar.proc.pid, signal.SIGKILL)
+                sidecar.proc.wait(30)
+            return out
+
+        engine._post = dies_after_pause
+        worker = _worker(r, engine, tmp_path)
+        with pytest.raises(VllmServerDied):
+            for _ in range(50):
+                worker.poll()
+        worker.close()
+        sidecar.start(timeout=900)
+        back = _worker(r, VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300), tmp_path)
+        deadline = time.monotonic() + 120
+        while back.engine.version != 2:  # attached again: the newest version first
+            assert time.monotonic() < deadline, "the worker attached again never loaded v2"
+            back.poll()
+        assert _served(sidecar.url) == "2"
+        _publish_prompt(r, "2:0", 2, max_tokens=8)
+        while not _rollouts(r):
+            assert time.monotonic() < deadline, "the group of v2 was not generated"
+            back.poll()
+        [group] = _rollouts(r)
+        assert {s.policy_version for s in group.samples} == {2}
+        back.close()
+    finally:
+        sidecar.stop()
 
 
 def test_a_worker_killed_mid_group_and_restarted_publishes_the_group_once(r, server, vllm_model_dir, tmp_path):

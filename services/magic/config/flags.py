@@ -157,10 +157,10 @@ def canonical(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(model: type[BaseModel], base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`base` (a file's stage, in any spelling) with `overrides` (from `model_overrides`) applied
-    field by field: a flag overrides one field of `entropy`, not the whole group."""
+    """`base` with `overrides` applied field by field (a flag overrides one field of `entropy`,
+    not the whole group); either may be spelled with the paper's symbols (a file's stage)."""
     out = canonical(model, base)
-    for key, value in overrides.items():
+    for key, value in canonical(model, overrides).items():
         nested = _nested_model(model.model_fields[key].annotation) if key in model.model_fields else None
         if isinstance(value, dict) and nested is not None and isinstance(out.get(key), dict):
             out[key] = merge(nested, out[key], value)

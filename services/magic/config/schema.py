@@ -224,6 +224,17 @@ class StageConfig(BaseModel):
             raise ValueError(f"plateau.window = {v.window} needs 2 * window <= steps = {steps} steps to compare two windows")
         return v
 
+    @field_validator("penalties")
+    @classmethod
+    def _overlong_buffer_fits(cls, v: PenaltySettings | None, info: ValidationInfo) -> PenaltySettings | None:
+        t = info.data.get("context_length")
+        if v is not None and t is not None and v.overlong_buffer_tokens >= t:
+            raise ValueError(
+                f"penalties.overlong_buffer_tokens = {v.overlong_buffer_tokens} is not below T = {t}: every response would be "
+                f"penalised as overlong; use a buffer below T (DAPO: a fraction of T, e.g. {t // 4})"
+            )
+        return v
+
     @property
     def n_minibatches(self) -> int:
         """D_R / D_T: SGD mini-batches per pass over the rollout batch."""

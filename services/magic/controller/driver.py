@@ -45,14 +45,20 @@ from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.protocol.status import TERMINAL, Phase, RunStatus
 from magic.runtime import faults
-from magic.store.client import RedisError, is_retryable
+from magic.store.client import RedisError, is_retryable, run_gone
+from magic.store.lease import LeaseLost, RedisLostData, RunEnded
 from magic.store.runs import Runs, finite
 from magic.store.steps import event_problem
 
 log = logging.getLogger(__name__)
 
 GROUP = keys.CONTROLLER_GROUP
-CONSUMER = "controller"  # one controller per deployment: a restarted one re-reads what its predecessor left pending
+
+LOST_DATA_ADVICE = (
+    "The run cannot go on exactly: restore Redis from a backup taken after its last recorded step, or start a new run "
+    "from its newest checkpoint (data/runs/<run>/checkpoints); Redis with appendfsync always loses no acknowledged write "
+    "(docs/architecture.md, \"Persistence\")"
+)
 
 
 class Stopped(Exception):
@@ -72,66 +78,108 @@ class StepDriver(threading.Thread):
         self.run_id = run_id
         self.settings = settings
         self.datasets = datasets
-        self.store = runs[run_id]
-        self.channels = runs.channels(run_id, CONSUMER, settings.max_deliveries)
+        self.holder = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
+        self.lease = runs.lease(run_id, self.holder, settings.lease_seconds)
+        # every write of the driver is made under its lease: a driver that lost it writes nothing
+        self.store = runs.store(run_id, writer=self.lease)
+        self.channels = runs.channels(run_id, self.holder, settings.max_deliveries, fence=self.lease)
         self.steps = self.channels.steps
         self.armed = settings.armed_faults
         self.shutdown = threading.Event()
         self.wake = threading.Event()  # set by the API after a request, to react at once
         self.stream_sampler = StreamSampler(self.channels)
         self.retention = self.store.retention(settings.filter_group, enabled=settings.trim_streams)
-        self.lease = self.store.lease(f"{settings.worker_name}-{uuid.uuid4().hex[:8]}", settings.lease_seconds)
 
     # -- thread ------------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Hold the run's lease and drive it; a driver that loses the lease (paused past it, cut
+        off from Redis) stands by and drives again once it holds a new lease."""
         try:
-            if self.lease.acquire(self.shutdown, given_up=lambda: self.store.status() in TERMINAL):
+            while not self.shutdown.is_set():
+                try:
+                    if not self.lease.acquire(self.shutdown, given_up=lambda: self.store.status() in TERMINAL):
+                        return
+                except RedisLostData as exc:
+                    self._fail(exc)
+                    return
                 self.retention.start()  # trims acknowledged entries while the run is driven
-                self._run()
+                try:
+                    if self._run():
+                        return
+                finally:
+                    self.retention.stop()
+                log.warning("run %s: %s lost the lease; standing by", self.run_id, self.holder)
         finally:
-            self.retention.stop()
             self.lease.release()
 
     def _renew_lease(self) -> None:
         if not self.lease.renew():
-            raise Shutdown(f"lost the lease of run {self.run_id} to another controller")
+            raise LeaseLost(f"run {self.run_id}: the controller lease of {self.holder} was lost (now {self.lease.holder_now() or 'nobody'})")
 
-    def _run(self) -> None:
+    def _run(self) -> bool:
+        """Drive until the run ends (True) or the lease is lost (False)."""
         while True:
             try:
                 finished = self.drive()
                 self.stream_sampler.sample()  # the streams' final state: throttled samples may predate the last steps
+                faults.point(self.armed, "controller.finishing", self.store.metrics_count())
                 self.store.finish(RunStatus.finished if finished else RunStatus.stopped)
                 log.info("run %s %s", self.run_id, "finished" if finished else "stopped")
-                return
+                return True
             except Shutdown as exc:
                 log.info("run %s: %s; the run's state is kept", self.run_id, exc if str(exc) else "controller shutting down")
-                return
+                return True
             except Stopped:
                 self.store.finish(RunStatus.stopped)
                 log.info("run %s stopped", self.run_id)
-                return
+                return True
+            except LeaseLost as exc:
+                log.warning("%s", exc)
+                return False
+            except RunEnded as exc:
+                log.info("%s", exc)
+                return True
             except Exception as exc:  # noqa: BLE001 — Redis restarting or refusing: resume from the persisted state
+                if not is_retryable(exc) and not self._holds_lease():
+                    log.warning("run %s: %s after losing the lease: not this driver's to report; standing by", self.run_id, exc)
+                    return False
                 if not is_retryable(exc):
                     self._fail(exc)
-                    return
+                    return True
                 log.warning("run %s: lost Redis (%s); resuming from the persisted state", self.run_id, exc)
                 if self.shutdown.wait(2.0):
-                    return
+                    return True
+
+    def _holds_lease(self) -> bool:
+        """Whether this driver still holds its lease (a failure seen by a driver that lost it — a
+        step another driver recorded meanwhile — is not the run's)."""
+        try:
+            return self.lease.held()
+        except RedisError:
+            return True  # cannot tell: the failure is reported under the lease or not at all
 
     def _fail(self, exc: Exception) -> None:
-        """Any failure that is not a Redis outage ends the run with its reason."""
-        log.error("run %s failed", self.run_id, exc_info=exc)
+        """Any failure that is not a Redis outage ends the run with its reason: in Redis (under the
+        lease) and in the run's durable record, which the API shows if Redis lost the run."""
+        if isinstance(exc, RedisLostData) or run_gone(exc):
+            error = f"Redis lost data: {exc}. {LOST_DATA_ADVICE}"
+            self.lease.accept_loss()
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        log.error("run %s failed: %s", self.run_id, error, exc_info=exc)
         try:
-            self.store.finish(RunStatus.failed, error=f"{type(exc).__name__}: {exc}")
-        except RedisError:
-            log.exception("run %s: cannot record the failure", self.run_id)
+            self.store.finish(RunStatus.failed, error=error)  # in Redis, under the lease, then in the durable record
+        except (RedisError, LeaseLost, RunEnded) as cannot:
+            log.error("run %s: cannot record the failure (%s)", self.run_id, cannot)
 
     # -- the loop ----------------------------------------------------------------------------
 
     def drive(self) -> bool:
         """Run steps until the plan is done (True) or a stop is requested (False)."""
+        lost = self.store.lost_state()
+        if lost is not None:
+            raise RedisLostData(lost)
         self._open_consumers()
         spec = self._spec()
         try:
@@ -144,10 +192,12 @@ class StepDriver(threading.Thread):
         self.store.update(started_at=state.get("started_at") or time.time())
         if phase is Phase.estimate:
             self.store.update(status=RunStatus.estimating)
+            self._estimating = True
             DifficultyEstimation(self.store, self.steps, self.estimates, self.settings).run(
                 spec, pool, k, tick=lambda: (self._check_control(), self._check_events()), wait_for_version=self.wait_for_version
             )
             phase = Phase.publish
+            self._estimating = False
         self.store.update(status=RunStatus.running)
         while True:
             self._check_control(allow_pause=phase is Phase.publish)
@@ -186,6 +236,7 @@ class StepDriver(threading.Thread):
         scored = self.channels.group("scored", self.settings.filter_group)
         self.estimates = self.channels.group("estimates", GROUP)
         self.plan = StagePlan(self.store, self.steps, scored)
+        self._estimating = False
         self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
 
     # -- control: pause, resume, stop, shutdown ------------------------------------------------
@@ -194,6 +245,7 @@ class StepDriver(threading.Thread):
         if self.shutdown.is_set():
             raise Shutdown()
         self._renew_lease()
+        self.lease.check()  # RedisLostData if Redis holds fewer writes than this driver saw
         requested = self.store.requested()
         if "stop" in requested:
             raise Stopped()
@@ -241,6 +293,7 @@ class StepDriver(threading.Thread):
         if cfg.penalties is not None:  # the stage's penalties travel with each group to the reward service
             for group in groups:
                 group.penalties_json = cfg.penalties.model_dump_json()
+        faults.point(self.armed, "controller.publishing", k)
         with self.store.transaction() as tx:
             self.steps.publish_step(tx, k, stage.index, cfg, groups)
             self.store.set_phase(tx, Phase.rollout, stage.index)
@@ -284,11 +337,20 @@ class StepDriver(threading.Thread):
         self._renew_lease()
         self.stream_sampler.maybe_sample()
         self.plan.read_scored()
-        for entry in self.events.read(count=100, block_ms=block_ms or 1):
+        if not self._estimating:  # estimation results outside the estimation: nobody else reads them
+            for entry in self.estimates.read(count=100, block_ms=None):
+                if self.estimates.decode(entry, pb.ScoredGroup) is not None:
+                    self.estimates.dead_letter(entry, "an estimation result while the run does no difficulty estimation")
+        # only the lease holder reads the controller's groups: what another (a predecessor, or a
+        # stale driver that read before it noticed its lost lease) left pending is this driver's
+        for entry in self.events.reclaim_from_others_if_due(1.0) + self.events.read(count=100, block_ms=block_ms or 1):
             event = self.events.decode(entry, pb.Event, check=self._event_problem)
             if event is None:
                 continue
             kind = event.WhichOneof("kind")
+            if kind == "step_completed" and event.step_completed.step < self.store.metrics_count():
+                self.events.ack(entry.id)  # a copy of a step already recorded (a replay): nothing to do
+                continue
             if kind == "step_completed":
                 self._completed[event.step_completed.step] = (entry.id, event.step_completed)
                 continue  # acknowledged once the step is recorded
@@ -331,9 +393,11 @@ class StepDriver(threading.Thread):
         })
         if self.store.metrics_count() != k:
             raise RunFailed(f"step bookkeeping is inconsistent: recording step {k} but {self.store.metrics_count()} steps are recorded")
+        faults.point(self.armed, "controller.recording", k)
         with self.store.transaction() as tx:
             self.store.record_step(tx, k, record)
             self.events.queue_ack(tx, entry_id)  # the StepCompleted(k) it records
+        self.store.record_durably(step=k + 1, seq=self.lease.seen)
         faults.point(self.armed, "controller.recorded", k)
         self.retention.release_step(k + 1)  # every entry of step k is acknowledged: drop it
         self.store.sync_jsonl()

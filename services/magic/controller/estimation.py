@@ -84,7 +84,7 @@ class DifficultyEstimation:
         log.info("run %s: estimation done: %d prompts solved 0/N, %d solved N/N dropped", self.run_id, counts["estimated_0"], counts["estimated_all"])
 
     def _read_estimates(self) -> None:
-        for entry in self.estimates.read(count=200, block_ms=200):
+        for entry in self.estimates.reclaim_from_others_if_due(1.0) + self.estimates.read(count=200, block_ms=200):
             group = self.estimates.decode(entry, pb.ScoredGroup)
             if group is None:
                 continue

@@ -123,7 +123,7 @@ class StagePlan:
 
     def read_scored(self, block_ms: int = 0) -> int:
         """Record per-prompt outcomes of scored groups: all samples correct or not, per stage."""
-        entries = self.scored.read(count=500, block_ms=block_ms or None)
+        entries = self.scored.reclaim_from_others_if_due(1.0) + self.scored.read(count=500, block_ms=block_ms or None)
         if not entries:
             return 0
         outcomes = []

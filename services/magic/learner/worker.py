@@ -47,11 +47,12 @@ from magic.observability.logs import setup_logging
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.runtime import faults
-from magic.runtime.service import Worker, serve
+from magic.runtime.service import Worker, WorkerRestart, serve
 from magic.store.channels import RunChannels
+from magic.store.lease import LEARNER, LeaseLost, RedisLostData, RunEnded
 from magic.store.steps import StepRecord
 from magic.store.streams import Entry
-from magic.weights import make_sender
+from magic.weights import WeightIntegrityError, make_sender
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,23 @@ class LearnerWorker(Worker):
         self.run_id = run_id = channels.run_id
         self.settings = settings
         self.name = settings.worker_name
+        # one learner commits per run: the others stand by until its lease expires
+        self.lease = channels.lease(LEARNER, self.name, settings.heartbeat_ttl_seconds)
+        try:
+            if not self.lease.try_acquire():
+                raise WorkerRestart(f"run {run_id}: the learner lease is held by {self.lease.holder_now() or '?'}; standing by")
+        except RunEnded as exc:  # the run ended while this learner was away: nothing to do
+            raise WorkerRestart(str(exc)) from None
+        try:
+            self._open(channels.fenced(self.lease.keep()), settings)
+        except BaseException:
+            self.lease.stop_keeping()
+            self.lease.release()
+            raise
+
+    def _open(self, channels: RunChannels, settings: LearnerSettings) -> None:
+        """Everything this learner writes goes through `channels`, under its lease."""
+        run_id = self.run_id
         self.spec = channels.spec()
         self.scored = channels.group("scored", GROUP)
         self.weights = channels.stream("weights")
@@ -130,7 +148,10 @@ class LearnerWorker(Worker):
         self.step = progress.last_step + 1  # the next step to train
         self.version = self.step  # on-policy: version k is the policy after k steps
         if self.step > 0 and announced != self.version:
-            raise RuntimeError(f"run {self.run_id}: the learner committed step {self.step - 1} but the newest announced weights are v{announced}")
+            raise RedisLostData(
+                f"run {self.run_id}: Redis holds step {self.step - 1} as the learner's last committed step but v{announced} as the newest announced "
+                "weights: it lost writes (restarted from an older state)"
+            )
         model_dir, ckpt = self._resume_source()
         _broadcast(("attach", self.run_id, self.spec.model_dump_json(), model_dir, str(ckpt) if ckpt else None))
         self.trainer = _attach(settings, self.spec, model_dir, ckpt)
@@ -142,7 +163,7 @@ class LearnerWorker(Worker):
 
     def _announced(self) -> tuple[str, pb.WeightUpdate] | None:
         """The newest well-formed announcement of this run on `weights` (poison skipped)."""
-        return self.weights.newest(pb.WeightUpdate, check=lambda u: None if u.run_id == self.run_id else "another run's announcement")
+        return self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem)
 
     def _finish_cut_commit(self) -> int | None:
         """A learner killed between announcing v(k+1) and committing step k left StepCompleted(k)
@@ -165,17 +186,22 @@ class LearnerWorker(Worker):
         return version
 
     def _resume_source(self) -> tuple[str, Path | None]:
-        """Where the policy comes from: the initial model, the checkpoint of the last trained step,
-        or (no checkpoint) the last published weights, with a fresh optimizer."""
+        """Where the policy comes from: the initial model, the checkpoint of the last trained step
+        if it is readable (`checkpoints.problem`), else the last published weights, with a fresh
+        optimizer; the run fails only when neither loads."""
         if self.version == 0:
             return self.spec.model, None
         ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
         if ckpt is not None:
             log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
             return str(ckpt), ckpt
-        log.warning("resuming at step %d from weights v%d without a checkpoint (optimizer state restarts)", self.step, self.version)
+        log.warning("resuming at step %d from weights v%d without a (readable) checkpoint (optimizer state restarts)", self.step, self.version)
         model = modeling.load_model(self.spec.model)
-        modeling.load_state_dict(model, self.weight_sender.load_version(self.version))
+        try:
+            state = self.weight_sender.load_version(self.version)
+        except WeightIntegrityError as exc:
+            raise RuntimeError(f"run {self.run_id}: cannot resume step {self.step}: no readable checkpoint of step {self.step - 1} under {self.ckpt_root}, and {exc}") from None
+        modeling.load_state_dict(model, state)
         out = run_dir(self.settings, self.run_id) / "resume" / f"v{self.version}"
         model.save_pretrained(out, safe_serialization=True)
         return str(out), None
@@ -186,7 +212,26 @@ class LearnerWorker(Worker):
     # -- the loop ----------------------------------------------------------------------------
 
     def poll(self) -> None:
-        entries = self.scored.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self.scored.read(count=64, block_ms=500)
+        try:
+            self._poll()
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if not self._holds_lease():  # what a learner that lost its lease meets is not the run's failure
+                raise LeaseLost(f"run {self.run_id}: learner {self.name} lost its lease ({type(exc).__name__}: {exc})") from exc
+            raise
+
+    def _holds_lease(self) -> bool:
+        try:
+            return self.lease.held()
+        except Exception:  # noqa: BLE001 — cannot tell (Redis away): the error speaks for itself
+            return True
+
+    def _poll(self) -> None:
+        if self.lease.epoch is None:
+            raise LeaseLost(f"run {self.run_id}: learner {self.name} lost its lease")
+        # only the lease holder consumes `scored`: entries pending at any other learner are reclaimed
+        entries = self.scored.reclaim_from_others_if_due(self.settings.heartbeat_ttl_seconds / 2) or self.scored.read(count=64, block_ms=500)
         for entry in entries:
             self.collect(entry)
         record = self.published(self.step)
@@ -258,7 +303,9 @@ class LearnerWorker(Worker):
             record["checkpoint_seconds"] = time.perf_counter() - t1
         faults.point(self.armed, "learner.trained", k)
         coef = self.trainer.controller.coef
-        done = pb.StepCompleted(step=k, new_version=k + 1, metrics=record, batch_complete_at=batch_complete_at, train_seconds=train_seconds)
+        done = pb.StepCompleted(
+            step=k, new_version=k + 1, metrics=record, batch_complete_at=batch_complete_at, train_seconds=train_seconds, epoch=self.lease.epoch or 0
+        )
         self.steps.prepare(done, coef)
         faults.point(self.armed, "learner.prepared", k)
         self.step, self.version = k + 1, k + 1
@@ -281,9 +328,13 @@ class LearnerWorker(Worker):
         return self.weight_sender.publish(self.version, state)
 
     def close(self) -> None:
-        self.trainer.wait_for_checkpoint()  # the one being written in the background
-        _broadcast(("detach",))
-        self.weight_sender.close()
+        try:
+            self.trainer.wait_for_checkpoint()  # the one being written in the background
+            _broadcast(("detach",))
+            self.weight_sender.close()
+        finally:
+            self.lease.stop_keeping()
+            self.lease.release()
 
 
 def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str | Path | None) -> Trainer:

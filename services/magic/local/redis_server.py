@@ -30,12 +30,15 @@ DEFAULT_MAXMEMORY = "2gb"
 
 
 class RedisServer:
-    def __init__(self, executable: str = "redis-server", maxmemory: str = DEFAULT_MAXMEMORY):
+    def __init__(self, executable: str = "redis-server", maxmemory: str = DEFAULT_MAXMEMORY, appendfsync: str | None = None):
+        """`appendfsync`: None runs without an append-only file (`magic local`: its run dies with it);
+        "always", "everysec" or "no" keeps one in the server's directory (the benchmarks' comparison)."""
         path = shutil.which(executable)
         if path is None:
             raise RuntimeError(f"{executable} not found on PATH; install Redis (Debian: apt-get install redis-server)")
         self.executable = path
         self.maxmemory = maxmemory
+        self.appendfsync = appendfsync
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -49,7 +52,8 @@ class RedisServer:
         for _attempt in range(5):  # a port picked free can be taken before redis binds it
             self.port = free_port()
             self.proc = subprocess.Popen(
-                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 *(["--appendonly", "yes", "--appendfsync", self.appendfsync] if self.appendfsync else ["--appendonly", "no"]),
                  "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"), "--protected-mode", "yes",
                  "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"],
                 stdout=subprocess.DEVNULL,

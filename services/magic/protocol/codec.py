@@ -1,7 +1,8 @@
 """Stream entry codec: a protobuf message <-> the two fields of a Redis stream entry.
 
 An entry is `{type: <message name>, pb: <serialized bytes>}`. Decoding checks the type and
-parses strictly; anything that does not parse raises `PoisonMessage`, which consumers turn into
+parses strictly (a field the type does not define is refused: another message's bytes under a
+forged type); anything that does not parse raises `PoisonMessage`, which consumers turn into
 a dead letter instead of crashing.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from magic.protocol.pb import messages_pb2 as pb
 
@@ -57,4 +59,7 @@ def decode(fields: dict[bytes, bytes], cls: type[M]) -> M:
         msg.ParseFromString(payload)
     except DecodeError as exc:
         raise PoisonMessage(f"cannot parse {expected}: {exc}") from exc
+    unknown = len(UnknownFieldSet(msg))
+    if unknown:  # another message's bytes under this type parse without an error: refuse them
+        raise PoisonMessage(f"the {expected} carries {unknown} fields it does not define (another message's bytes?)")
     return msg

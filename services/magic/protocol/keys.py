@@ -99,10 +99,20 @@ class RunKeys:
         (or "estimation"): consumers accept only these groups (`magic.store.steps`)."""
         return f"{self._p}:groups:{scope}"
 
+    def lease(self, role: str) -> str:
+        """String with a TTL: "<holder> <epoch>" of the process holding the run's `role` lease
+        ("controller": the step driver; "learner": the committing learner; `magic.store.lease`)."""
+        return f"{self._p}:lease:{role}"
+
+    def epoch(self, role: str) -> str:
+        """Counter: the last epoch of the `role` lease (incremented by every acquisition)."""
+        return f"{self._p}:epoch:{role}"
+
     @property
-    def lease(self) -> str:
-        """String with a TTL: id of the controller process driving the run (never two at once)."""
-        return f"{self._p}:lease"
+    def seq(self) -> str:
+        """Counter: writes made under a lease (controller and learner); a regression means Redis
+        lost writes (`magic.store.lease.RedisLostData`)."""
+        return f"{self._p}:seq"
 
     @property
     def control(self) -> str:

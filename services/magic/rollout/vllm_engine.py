@@ -265,7 +265,29 @@ class VllmEngine(RolloutEngine):
             return False
 
     def pause(self) -> None:
-        self._post("/pause", params={"mode": "wait"})
+        # clear_cache explicitly: the prefix cache holds KV of the old weights (0.32 deprecates the
+        # parameter but its default still clears; a server that kept it would sample off-policy)
+        self._post("/pause", params={"mode": "wait", "clear_cache": "true"})
+
+    def verify_served_version(self) -> None:
+        """The server still serves the version this engine loaded (`GET /weight_info`): a server
+        that restarted (a sidecar container restarted by the kubelet, its connections silently
+        re-opened) serves its initial weights under no label; VllmServerDied makes the worker
+        attach again and reload the newest version before anything is sampled. An engine that loaded
+        nothing (version -1) claims no version: nothing to check."""
+        if self.version < 0:
+            return
+        try:
+            resp = send(self.http, "GET", "/weight_info")
+        except httpx.TransportError as exc:
+            raise VllmServerDied(f"the vLLM server at {self.base_url} is unreachable ({exc})") from None
+        if resp.status_code == 404:
+            return  # a server without the route: the pause/reload/resume fence is the whole guarantee
+        served = str(resp.json().get("weight_version"))
+        if served != str(self.version):
+            message = f"the vLLM server at {self.base_url} serves weights {served!r}, not v{self.version}: it restarted; reloading"
+            self.version = -1
+            raise VllmServerDied(message)
 
     def resume(self) -> None:
         self._post("/resume")
@@ -278,6 +300,8 @@ class VllmEngine(RolloutEngine):
     def submit(self, key: str, request: GenerationRequest) -> None:
         if key in self._futures:
             raise ValueError(f"group {key!r} is already in flight")
+        if not self._futures:  # the first group of a wave: the server must still hold our weights
+            self.verify_served_version()
         request_id = f"magic-{uuid.uuid4().hex}"
         body = completion_request(request, request_id, self.model)
         version = self.version
@@ -349,20 +373,23 @@ class VllmEngine(RolloutEngine):
         problem = checkpoint_mismatch(Path(checkpoint.directory), self.model_path)
         if problem:
             raise WeightIntegrityError(f"refusing to load v{checkpoint.version} from {checkpoint.directory}: {problem}")
-        self.pause()
         self.version = -1  # until the reload succeeds, the server's weights are no version at all
         try:
+            self.pause()
             self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint.directory)}})
             if self.device == "cpu":
                 self._post("/collective_rpc", json={"method": EXTENSION_METHOD})
             self._post("/update_weight_version", json={"new_version": str(checkpoint.version)})
         except (VllmError, httpx.HTTPError) as exc:
             down = self.problem() or (None if self.healthy() else f"the vLLM server at {self.base_url} stopped answering GET /health")
-            if down:
-                raise VllmServerDied(f"reloading v{checkpoint.version} from {checkpoint.directory} failed ({exc}) and {down}") from None
+            if down or isinstance(exc, httpx.TransportError):  # died, or restarted under us: its weights are unknown
+                raise VllmServerDied(f"loading v{checkpoint.version} from {checkpoint.directory} failed ({type(exc).__name__}: {exc}); {down or 'the connection broke'}") from None
             self.resume()
             raise WeightIntegrityError(f"vLLM could not load v{checkpoint.version} from {checkpoint.directory}: {exc}") from None
-        self.resume()
+        try:
+            self.resume()
+        except httpx.TransportError as exc:
+            raise VllmServerDied(f"resuming after loading v{checkpoint.version} failed: {exc}") from None
         self.version = int(checkpoint.version)
 
     def nccl_gpus(self) -> int:

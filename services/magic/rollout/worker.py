@@ -39,7 +39,7 @@ from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_engine import VllmEngine
 from magic.rollout.vllm_server import launch_server
 from magic.runtime import faults
-from magic.runtime.service import Worker, serve
+from magic.runtime.service import Worker, WorkerRestart, serve
 from magic.store.channels import RunChannels
 from magic.store.streams import Entry
 from magic.weights import WeightIntegrityError, WeightReceiver, make_receiver
@@ -89,6 +89,7 @@ class RolloutWorker(Worker):
         self.weights = channels.stream("weights")
         self.steps = channels.steps
         self.armed = settings.armed_faults
+        self._newest_epoch = 0  # of the learner lease, among the announcements read
         self._weights_cursor = self._newest_cursor()
         self._weight_failures = 0
         self._work: dict[str, _Work] = {}  # entry id -> group in the engine
@@ -144,6 +145,8 @@ class RolloutWorker(Worker):
         for entry, group in ready:
             try:
                 self._submit(entry, group)
+            except WorkerRestart:
+                raise  # the server, not the group: the worker attaches again (its entries stay pending)
             except Exception as exc:  # noqa: BLE001 — the engine refused this one group: contain it
                 m.ERRORS.labels(service=SERVICE).inc()
                 self.prompts.dead_letter(entry, f"the engine refused group {group.group_id}: {type(exc).__name__}: {exc}")
@@ -261,10 +264,15 @@ class RolloutWorker(Worker):
         if not updates:
             return
         read_to = updates[-1][0]
-        for entry_id, u in updates:
-            if u.run_id != self.run_id:
-                self._poisoned_weights(Entry(entry_id, codec.encode(u)), f"refused WeightUpdate: it names run {u.run_id!r}")
-        updates = [(i, u) for i, u in updates if u.run_id == self.run_id]
+        valid = []
+        for entry_id, u in updates:  # authenticated: this run's learner, a lease epoch that exists and is current
+            problem = self.steps.announcement_problem(u, self._newest_epoch)
+            if problem is not None:
+                self._poisoned_weights(Entry(entry_id, codec.encode(u)), f"refused WeightUpdate: {problem}")
+                continue
+            self._newest_epoch = max(self._newest_epoch, u.epoch)
+            valid.append((entry_id, u))
+        updates = valid
         if not updates:
             self._weights_cursor = read_to
             return
@@ -281,7 +289,9 @@ class RolloutWorker(Worker):
                 log.warning("weights not loadable yet (attempt %d): %s", self._weight_failures, exc)
                 time.sleep(1.0)
                 return  # the cursor stays: the same announcements are retried
-            log.error("giving up on these weights after %d attempts: %s", self._weight_failures, exc)
+            # the announced bytes are gone or damaged (a half-written or cut file on the volume):
+            # no worker can serve that version, so the run fails now, saying so, rather than stall
+            raise WeightIntegrityError(f"the announced weights cannot be loaded after {self._weight_failures} attempts: {exc}") from None
         self._weight_failures = 0
         self._weights_cursor = read_to
         if self.engine.version != before:
@@ -290,7 +300,7 @@ class RolloutWorker(Worker):
     def _newest_cursor(self) -> str:
         """The cursor that makes the first read start at the newest announcement of this run: a
         worker (re)started late skips the versions before it (garbage-collected already)."""
-        newest = self.weights.newest(pb.WeightUpdate, check=lambda u: None if u.run_id == self.run_id else "another run")
+        newest = self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem)
         if newest is None:
             return "0"
         ms, seq = (int(x) for x in newest[0].split("-"))

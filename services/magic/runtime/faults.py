@@ -20,9 +20,12 @@ log = logging.getLogger(__name__)
 
 POINTS = {
     # controller (services/magic/controller/driver.py)
+    "controller.publishing": "inside the publication of step k: its groups built, before the MULTI that publishes them",
     "controller.published": "after the MULTI that publishes step k's prompts and moves the barrier to `rollout`",
     "controller.completed": "after reading StepCompleted(k), before waiting for the rollout workers' version",
+    "controller.recording": "inside the recording of step k: its bookkeeping checked, before the MULTI that records it",
     "controller.recorded": "after the MULTI that appends step k's record, moves the barrier to k + 1 and acks StepCompleted",
+    "controller.finishing": "the plan is done (after step k), before the run is marked finished",
     # learner (services/magic/learner/worker.py)
     "learner.collected": "step k is complete in the ledger, before training",
     "learner.trained": "after training (and checkpointing) step k, before preparing its commit",
@@ -39,22 +42,36 @@ POINTS = {
 }
 
 
+PAUSE = "pause"
+"""The action suffix that stops the process instead of killing it: `controller.recording@1:pause`."""
+
+
 def parse(spec: str) -> dict[str, int | None]:
     """`"learner.announced@1,rollout.loaded"` -> {"learner.announced": 1, "rollout.loaded": None}
-    (None: at any step). Raises ValueError on an unknown point or a bad step."""
+    (None: at any step); a point armed to pause keeps its `:pause` suffix in its name
+    (`"controller.recording@1:pause"` -> {"controller.recording:pause": 1}). Raises ValueError on
+    an unknown point, action or a bad step."""
     out: dict[str, int | None] = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
-        name, _, step = item.partition("@")
+        where, _, action = item.partition(":")
+        name, _, step = where.partition("@")
         if name not in POINTS:
             raise ValueError(f"unknown fault point {name!r}; known: {sorted(POINTS)}")
-        out[name] = int(step) if step else None
+        if action not in ("", PAUSE):
+            raise ValueError(f"unknown fault action {action!r} of {name!r}; known: {PAUSE!r} (none: SIGKILL)")
+        out[f"{name}:{action}" if action else name] = int(step) if step else None
     return out
 
 
 def point(armed: dict[str, int | None], name: str, step: int) -> None:
-    """Kill this process with SIGKILL if `name` (at `step`) is armed; otherwise do nothing."""
-    if name in armed and armed[name] in (None, step):
-        log.error("fault injection: SIGKILL at %s (step %d)", name, step)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    """At the commit point `name` of `step`: SIGKILL this process if the point is armed, or SIGSTOP
+    it if armed to pause (the test resumes it with SIGCONT, as a GC pause or a partition would
+    end); otherwise do nothing."""
+    for key, sig, what in ((name, signal.SIGKILL, "SIGKILL"), (f"{name}:{PAUSE}", signal.SIGSTOP, "SIGSTOP")):
+        if key in armed and armed[key] in (None, step):
+            log.error("fault injection: %s at %s (step %d)", what, name, step)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            if sig is signal.SIGSTOP:
+                del armed[key]  # once: the process goes on after SIGCONT
+            os.kill(os.getpid(), sig)

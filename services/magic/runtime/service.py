@@ -27,8 +27,9 @@ from magic.config.settings import ServiceSettings
 from magic.observability.logs import redact_url, setup_logging
 from magic.observability.metrics import declare_service, registry_of, serve_http
 from magic.store.channels import RunChannels
-from magic.store.client import answers, connect, is_retryable, wait_for_redis
+from magic.store.client import answers, connect, is_retryable, run_gone, wait_for_redis
 from magic.store.heartbeat import Heartbeat
+from magic.store.lease import LeaseLost, RunEnded
 from magic.store.runs import active_run
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,11 @@ class Worker(abc.ABC):
 
 
 class WorkerRestart(RuntimeError):
-    """Something the worker depends on besides Redis is gone (the rollout worker's vLLM server):
+    """Something the worker depends on besides Redis is gone (the rollout worker's vLLM server), or
+    it cannot work now (a learner standing by while another holds the run's learner lease):
     `serve` closes the worker and attaches a new one, as after a lost Redis connection, instead of
-    failing the run. Its unacknowledged entries are re-read by the new one (same consumer name)."""
+    failing the run (so does a lost lease, `magic.store.lease.LeaseLost`). Its unacknowledged
+    entries are re-read by the new one (same consumer name)."""
 
 
 def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels], Worker]) -> int:
@@ -118,12 +121,18 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
                         attaching.clear()
                 worker.poll()
                 backoff = 0.5
-            except WorkerRestart as exc:
+            except (WorkerRestart, LeaseLost, RunEnded) as exc:  # RunEnded: a fenced write after the run ended
                 log.error("%s %s: %s; detaching, attaching again in %.1fs", service, settings.worker_name, exc, backoff)
                 worker, run_id = _detach(worker), None
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except Exception as exc:
+                if run_gone(exc):  # Redis lost the run (restarted empty): the controller decides; nothing to report to
+                    log.error("%s %s: the run's streams are gone from Redis (%s); detaching", service, settings.worker_name, exc)
+                    worker, run_id = _detach(worker), None
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
                 if not is_retryable(exc):
                     log.exception("%s %s: fatal error", service, settings.worker_name)
                     if channels is not None and run_id is not None:

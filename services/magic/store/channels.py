@@ -6,6 +6,11 @@
     channels.stream("rollouts")                  a stream of the run, to append to or follow
     channels.steps                               the step contract (`magic.store.steps`)
     channels.alive("rollout")                    live workers of a service, with their status
+    channels.fenced(lease)                       the same, every write made under a lease
+
+A process that holds a lease of the run (the controller's driver, the committing learner) uses
+fenced channels: every write — an acknowledgement, a dead letter, an announcement, a commit — is
+refused once the lease is lost (`magic.store.lease`).
 
 The service runtime (`magic.runtime.service`) builds one per attach and hands it to the
 service's worker; a worker reaches Redis through it and nothing else. Stream names are the
@@ -24,26 +29,34 @@ from google.protobuf.message import Message
 from magic.config.schema import RunSpec
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.store.client import RunGone
 from magic.store.heartbeat import alive_workers
+from magic.store.lease import Lease
 from magic.store.steps import StepStore
 from magic.store.streams import ConsumerGroup, Entry, Stream
 
 log = logging.getLogger(__name__)
 
 
-class RunGone(RuntimeError):
-    """The run's spec is not in Redis (the run was never created, or Redis lost it)."""
-
-
 class RunChannels:
-    def __init__(self, r: redis.Redis, run_id: str, consumer: str = "", max_deliveries: int = 5):
+    def __init__(self, r: redis.Redis, run_id: str, consumer: str = "", max_deliveries: int = 5, fence: Lease | None = None):
         self._r = r
         self.run_id = run_id
         self.keys = keys.RunKeys(run_id)
         self.consumer = consumer
         """This process's name as a stream consumer (the worker name)."""
         self.max_deliveries = max_deliveries
-        self.steps = StepStore(r, run_id)
+        self.fence = fence
+        """The lease this process writes under (controller, learner), or None (rollout, reward)."""
+        self.steps = StepStore(r, run_id, fence)
+
+    def lease(self, role: str, holder: str, ttl_seconds: float) -> Lease:
+        """The run's `role` lease as `holder` would hold it (`magic.store.lease`)."""
+        return Lease(self._r, self.run_id, role, holder, ttl_seconds)
+
+    def fenced(self, lease: Lease) -> "RunChannels":
+        """The same channels, every write made under `lease`."""
+        return RunChannels(self._r, self.run_id, self.consumer, self.max_deliveries, lease)
 
     def spec(self) -> RunSpec:
         raw = self._r.get(self.keys.spec)
@@ -53,13 +66,14 @@ class RunChannels:
 
     def stream(self, name: str) -> Stream:
         """The run's stream `name` ("weights", "rollouts", ...)."""
-        return Stream(self._r, getattr(self.keys, name))
+        return Stream(self._r, getattr(self.keys, name), self.fence)
 
     def group(self, name: str, group: str, consumer: str | None = None) -> ConsumerGroup:
         """This process's consumer of the run's stream `name` in consumer group `group`, created
         if needed (`ensure`); poison goes to the run's dead-letter stream."""
         out = ConsumerGroup(
-            self._r, getattr(self.keys, name), group, consumer or self.consumer, dead_stream=self.keys.dead, max_deliveries=self.max_deliveries
+            self._r, getattr(self.keys, name), group, consumer or self.consumer, dead_stream=self.keys.dead, max_deliveries=self.max_deliveries,
+            writer=self.fence,
         )
         out.ensure()
         return out

@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import redis
@@ -87,8 +88,25 @@ def backoff_seconds(attempt: int, first: float = 0.05, cap: float = 2.0) -> floa
     return min(cap, first * 2 ** (attempt - 1))
 
 
+_unretried = threading.local()
+
+
+@contextmanager
+def refusals_not_retried() -> Iterator[None]:
+    """Inside this block a write Redis refuses at `maxmemory` raises at once, in this thread: a
+    transaction conditional on WATCHed keys (a fenced write, `magic.store.lease`) must not be sent
+    again as it is — EXEC has unwatched the keys, so the resend would no longer be conditional.
+    Its caller retries it whole, checks included."""
+    _unretried.depth = getattr(_unretried, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _unretried.depth -= 1
+
+
 def retry_refused(call: Callable[[], T], *, patience: float = PATIENCE_SECONDS, what: str = "write", sleep: Callable[[float], None] = time.sleep) -> T:
-    """`call()`, sent again while Redis refuses it for lack of memory, for up to `patience` seconds.
+    """`call()`, sent again while Redis refuses it for lack of memory, for up to `patience` seconds
+    (except inside `refusals_not_retried`).
 
     `call` must be safe to repeat after a refusal: a single command or a transaction (refused =
     not executed), or a pipeline of idempotent writes."""
@@ -98,7 +116,7 @@ def retry_refused(call: Callable[[], T], *, patience: float = PATIENCE_SECONDS, 
         try:
             return call()
         except redis.ResponseError as exc:
-            if not is_refused(exc):
+            if not is_refused(exc) or getattr(_unretried, "depth", 0):
                 raise
             attempt += 1
             REDIS_REFUSED.inc()
@@ -129,6 +147,16 @@ class RefusalRetry(Retry):
 def client(url: str, patience: float = PATIENCE_SECONDS, **kwargs) -> redis.Redis:
     """A Redis client whose commands and pipelines wait out refused writes (see module doc)."""
     return redis.Redis.from_url(url, retry=RefusalRetry(patience), **kwargs)
+
+
+class RunGone(RuntimeError):
+    """A run's spec is not in Redis (the run was never created, or Redis lost it)."""
+
+
+def run_gone(exc: BaseException) -> bool:
+    """True when Redis no longer has a run's consumer group or spec (it restarted empty, or from a
+    snapshot older than the run): not a fault of the process that hit it."""
+    return isinstance(exc, RunGone) or (isinstance(exc, redis.ResponseError) and str(exc).startswith("NOGROUP"))
 
 
 def connect(url: str, **kwargs) -> redis.Redis:

@@ -30,6 +30,7 @@ import redis
 
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.store.lease import Direct, LeaseLost, RedisLostData, RunEnded, Writer
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +105,16 @@ def group_positions(r: redis.Redis, stream: str) -> list[GroupPosition]:
     return out
 
 
-def trim_acknowledged(r: redis.Redis, stream: str, needed: Sequence[str]) -> int:
+def trim_acknowledged(r: redis.Redis, stream: str, needed: Sequence[str], writer: Writer | None = None) -> int:
     """Remove the entries of `stream` that every group in `needed` has acknowledged; returns
     how many were removed. Safe against concurrent consumers: an entry can only become pending
     after it was delivered, and delivery only moves forward past the bound."""
     bound = trim_bound(group_positions(r, stream), needed)
     if bound is None:
         return 0
-    return int(r.xtrim(stream, minid=format_id(bound), approximate=False))
+    with (writer or Direct(r)).transaction() as tx:
+        tx.xtrim(stream, minid=format_id(bound), approximate=False)
+    return int(tx.replies[0])
 
 
 def weights_bound(r: redis.Redis, stream: str, version: int, scan: int = 64) -> StreamId | None:
@@ -135,24 +138,28 @@ def weights_bound(r: redis.Redis, stream: str, version: int, scan: int = 64) -> 
         last = "(" + (rows[-1][0].decode() if isinstance(rows[-1][0], bytes) else rows[-1][0])
 
 
-def release_acknowledged(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequence[str]]) -> dict[str, int]:
+def release_acknowledged(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequence[str]], writer: Writer | None = None) -> dict[str, int]:
     """Trim every work stream of `run` to what its consumers still need.
 
     `needed_by` maps a stream key to the consumer groups that must see each of its entries
     (see `consumers`). Returns the number of entries removed per stream key."""
-    return {stream: trim_acknowledged(r, stream, groups) for stream, groups in needed_by.items()}
+    return {stream: trim_acknowledged(r, stream, groups, writer) for stream, groups in needed_by.items()}
 
 
-def release_step(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequence[str]], served_version: int) -> dict[str, int]:
+def release_step(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequence[str]], served_version: int, writer: Writer | None = None) -> dict[str, int]:
     """Step k is recorded and every live rollout worker serves `served_version` (k + 1): trim the
     work streams and the weight announcements of older versions, and drop the bookkeeping hashes
     (`step`, `groups`) of step k - 1: its record is in the run's metrics list, and no worker
     generates for it any more (a worker drops groups of a version it no longer serves)."""
-    removed = release_acknowledged(r, run, needed_by)
-    if served_version >= 2:  # step k - 1's hashes: a late copy of step k may still be checked against groups(k)
-        r.delete(run.step(served_version - 2), run.groups(served_version - 2))
+    writer = writer or Direct(r)
+    removed = release_acknowledged(r, run, needed_by, writer)
     bound = weights_bound(r, run.weights, served_version)
-    removed[run.weights] = int(r.xtrim(run.weights, minid=format_id(bound), approximate=False)) if bound else 0
+    with writer.transaction() as tx:
+        if served_version >= 2:  # step k - 1's hashes: a late copy of step k may still be checked against groups(k)
+            tx.delete(run.step(served_version - 2), run.groups(served_version - 2))
+        if bound:
+            tx.xtrim(run.weights, minid=format_id(bound), approximate=False)
+    removed[run.weights] = int(tx.replies[-1]) if bound else 0
     return removed
 
 
@@ -172,9 +179,10 @@ class Retention:
     and a daemon thread that trims acknowledged entries every `interval` seconds meanwhile —
     on its own thread, so it keeps freeing memory while the driver waits out a refused write."""
 
-    def __init__(self, r: redis.Redis, run_id: str, filter_group: str, interval: float = 1.0, enabled: bool = True):
+    def __init__(self, r: redis.Redis, run_id: str, filter_group: str, interval: float = 1.0, enabled: bool = True, writer: Writer | None = None):
         self.enabled = enabled
         self.r = r
+        self.writer = writer
         self.keys = keys.RunKeys(run_id)
         self.needed_by = consumers(self.keys, filter_group)
         self.interval = interval
@@ -185,20 +193,21 @@ class Retention:
     def release_acknowledged(self) -> int:
         if not self.enabled:
             return 0
-        n = sum(release_acknowledged(self.r, self.keys, self.needed_by).values())
+        n = sum(release_acknowledged(self.r, self.keys, self.needed_by, self.writer).values())
         self.removed += n
         return n
 
     def release_step(self, served_version: int) -> int:
         if not self.enabled:
             return 0
-        n = sum(release_step(self.r, self.keys, self.needed_by, served_version).values())
+        n = sum(release_step(self.r, self.keys, self.needed_by, served_version, self.writer).values())
         self.removed += n
         return n
 
     def start(self) -> "Retention":
         if not self.enabled:
             return self
+        self._stop.clear()  # started again after a stop (a driver that lost its lease and took it back)
         self._thread = threading.Thread(target=self._loop, name=f"retention-{self.keys.run}", daemon=True)
         self._thread.start()
         return self
@@ -214,3 +223,6 @@ class Retention:
                 self.release_acknowledged()
             except redis.RedisError as exc:  # Redis away: the next round tries again
                 log.debug("retention of run %s: %s", self.keys.run, exc)
+            except (LeaseLost, RunEnded, RedisLostData) as exc:  # the driver learns it too, and stops this thread
+                log.info("retention of run %s stops: %s", self.keys.run, exc)
+                return

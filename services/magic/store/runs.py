@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from enum import Enum
 from pathlib import Path
 
@@ -23,10 +22,11 @@ import redis
 
 from magic.config.schema import RunSpec, StageConfig
 from magic.protocol import keys
-from magic.protocol.status import TERMINAL, Phase, RunStatus
+from magic.protocol.status import Phase, RunStatus
 from magic.store.channels import RunChannels
 from magic.store.heartbeat import alive_workers
-from magic.store.lease import RunLease
+from magic.runtime.files import write_durably
+from magic.store.lease import CONTROLLER, ENDED, Direct, Lease, Writer
 from magic.store.retention import Retention
 
 
@@ -49,19 +49,31 @@ def active_run(r: redis.Redis) -> str | None:
     return raw.decode() if raw else None
 
 
+RECORD_FILE = "run.json"
+"""The controller's durable record of a run, in its directory under the data volume."""
+
+
 class Runs:
-    """Every run the controller knows: the index, the active-run pointer, creation."""
+    """Every run the controller knows: the index, the active-run pointer, creation — in Redis,
+    and in each run's durable record (`RECORD_FILE`), which outlives a Redis that lost it."""
 
     def __init__(self, r: redis.Redis, data_dir: Path):
         self.r = r
         self.data_dir = Path(data_dir)
 
     def __getitem__(self, run_id: str) -> "RunStore":
-        """Run `run_id`'s state (whether or not it exists: `RunStore.spec` is None if not)."""
+        """Run `run_id`'s state as the API sees it (whether or not it exists: `spec` is None if not)."""
         return RunStore(self.r, run_id, self.data_dir)
 
-    def channels(self, run_id: str, consumer: str, max_deliveries: int) -> RunChannels:
-        return RunChannels(self.r, run_id, consumer, max_deliveries)
+    def store(self, run_id: str, writer: Writer) -> "RunStore":
+        """Run `run_id`'s state written by `writer` (the lease of the run's driver)."""
+        return RunStore(self.r, run_id, self.data_dir, writer)
+
+    def lease(self, run_id: str, holder: str, ttl_seconds: float, role: str = CONTROLLER) -> Lease:
+        return Lease(self.r, run_id, role, holder, ttl_seconds)
+
+    def channels(self, run_id: str, consumer: str, max_deliveries: int, fence: Lease | None = None) -> RunChannels:
+        return RunChannels(self.r, run_id, consumer, max_deliveries, fence)
 
     def create(self, spec: RunSpec, extra_state: dict | None = None) -> "RunStore":
         """Store a new run and make it the active one; raise RunExists / RunBusy."""
@@ -83,13 +95,32 @@ class Runs:
         pipe.execute()
         run = self[spec.name]
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        run.record_durably(spec=spec.model_dump(mode="json"), status=RunStatus.pending.value, created_at=now, step=0)
         return run
 
     def active(self) -> str | None:
         return active_run(self.r)
 
     def list(self) -> list[str]:
-        return [x.decode() for x in self.r.zrange(keys.RUN_INDEX, 0, -1)]
+        """Every run, in creation order: those Redis knows and those only their durable record
+        remembers (Redis lost them)."""
+        known = [x.decode() for x in self.r.zrange(keys.RUN_INDEX, 0, -1)]
+        lost = [(rec.get("created_at", 0.0), d.name) for d in self._run_dirs() if d.name not in known and (rec := _read_record(d)).get("spec")]
+        return known + [name for _, name in sorted(lost)]
+
+    def _run_dirs(self) -> list[Path]:
+        root = self.data_dir / "runs"
+        return sorted(d for d in root.iterdir() if (d / RECORD_FILE).is_file()) if root.is_dir() else []
+
+    def lost(self) -> list[str]:
+        """Runs whose durable record says they have not ended but whose state Redis lost (all of
+        it, or the steps recorded after some point): nobody will drive them again."""
+        out = []
+        for d in self._run_dirs():
+            rec = _read_record(d)
+            if rec.get("spec") and rec.get("status") not in ENDED and self[d.name].lost_state(rec) is not None:
+                out.append(d.name)
+        return out
 
     def ping(self) -> None:
         """Raises a Redis error unless Redis answers."""
@@ -99,21 +130,51 @@ class Runs:
 class RunStore:
     """One run's state in Redis (and its metrics.jsonl under the data directory)."""
 
-    def __init__(self, r: redis.Redis, run_id: str, data_dir: Path):
+    def __init__(self, r: redis.Redis, run_id: str, data_dir: Path, writer: Writer | None = None):
         self.r = r
         self.run_id = run_id
         self.keys = keys.RunKeys(run_id)
         self.data_dir = Path(data_dir)
+        self.writer = writer or Direct(r)
+        """The driver's lease (`magic.store.lease`): its writes are fenced; the API's are not."""
 
     @property
     def run_dir(self) -> Path:
         return self.data_dir / "runs" / self.run_id
 
+    # -- the durable record (the controller's own, beside Redis) -------------------------------
+
+    def durable(self) -> dict:
+        """The run's durable record: {"spec", "status", "error", "step" (steps recorded), "seq"}."""
+        return _read_record(self.run_dir)
+
+    def record_durably(self, **fields) -> None:
+        """Merge `fields` into the durable record (written atomically and fsynced)."""
+        rec = {**self.durable(), **{k: v for k, v in fields.items() if v is not None}, "updated_at": time.time()}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_durably(self.run_dir / RECORD_FILE, json.dumps(rec, sort_keys=True))
+
+    def lost_state(self, record: dict | None = None) -> str | None:
+        """Why Redis no longer holds what the durable record says was written (None if it does):
+        the run is gone, or fewer steps are recorded than the record counts."""
+        rec = self.durable() if record is None else record
+        if not rec.get("spec"):
+            return None
+        if not self.r.exists(self.keys.spec):
+            return f"Redis holds nothing of run {self.run_id} (restarted empty?), though {rec.get('step', 0)} steps were recorded"
+        if self.metrics_count() < int(rec.get("step", 0)):
+            return f"Redis holds {self.metrics_count()} recorded steps of run {self.run_id}, the controller recorded {rec['step']}"
+        return None
+
     # -- the run ------------------------------------------------------------------------------
 
     def spec(self) -> RunSpec | None:
+        """The run's spec: from Redis, or from the durable record of a run Redis lost."""
         raw = self.r.get(self.keys.spec)
-        return RunSpec.model_validate_json(raw) if raw else None
+        if raw:
+            return RunSpec.model_validate_json(raw)
+        kept = self.durable().get("spec")
+        return RunSpec.model_validate(kept) if kept else None
 
     def append_stages(self, stages: list[StageConfig], on_plan_end: str | None = None) -> RunSpec:
         """Append `stages` to the plan (and set `on_plan_end` if given) in one transaction: all or
@@ -141,36 +202,52 @@ class RunStore:
                     continue
 
     def state(self) -> dict[str, str]:
-        raw = self.r.hgetall(self.keys.state)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        """The run's state hash; for a run Redis lost, what the durable record says (an ended
+        status there wins over a live one in Redis: only a driver that ended the run writes it)."""
+        state = {k.decode(): v.decode() for k, v in self.r.hgetall(self.keys.state).items()}
+        rec = self.durable()
+        if rec.get("status") in ENDED and state.get("status") not in ENDED:
+            state.update({"status": rec["status"], "error": rec.get("error") or state.get("error", "")})
+            state.setdefault("step", str(rec.get("step", 0)))
+            state.setdefault("phase", Phase.publish.value)
+        return state
 
     def update(self, **fields) -> None:
-        self.r.hset(self.keys.state, mapping={k: (v.value if isinstance(v, Enum) else v) for k, v in fields.items()})
+        with self.writer.transaction() as tx:
+            self._update(tx, **fields)
+
+    def _update(self, pipe: redis.client.Pipeline, **fields) -> None:
+        pipe.hset(self.keys.state, mapping={k: (v.value if isinstance(v, Enum) else v) for k, v in fields.items()})
 
     def alive(self, service: str) -> dict[str, dict]:
         """Live workers of `service` attached to this run: name -> last heartbeat's status."""
         return alive_workers(self.r, service, self.run_id)
 
     def status(self) -> RunStatus | None:
-        raw = self.r.hget(self.keys.state, "status")
-        return RunStatus(raw.decode()) if raw else None
+        raw = self.state().get("status")
+        return RunStatus(raw) if raw else None
 
     def finish(self, status: RunStatus, error: str | None = None) -> None:
+        """End the run (`status` is terminal): in Redis, then in the run's durable record."""
         fields: dict = {"status": status, "finished_at": time.time()}
         if error:
             fields["error"] = error[:4000]
-        self.update(**fields)
-        self.r.delete(self.keys.control)
-        if active_run(self.r) == self.run_id:
-            self.r.delete(keys.ACTIVE_RUN)
+        active = active_run(self.r) == self.run_id
+        with self.writer.transaction() as tx:
+            self._update(tx, **fields)
+            tx.delete(self.keys.control)
+            if active:
+                tx.delete(keys.ACTIVE_RUN)
+        self.record_durably(status=status.value, error=fields.get("error"))
 
     # -- requests from the API to the driver (persisted: a restarted driver sees them) ---------
 
     def request(self, what: str) -> None:
-        """Ask the driver to `pause`, `resume` or `stop`."""
-        self.r.hset(self.keys.control, what, time.time())
-        if what == "resume":
-            self.r.hdel(self.keys.control, "pause")
+        """Ask the driver to `pause`, `resume` or `stop` (the API's writes: no lease)."""
+        with Direct(self.r).transaction() as tx:
+            tx.hset(self.keys.control, what, time.time())
+            if what == "resume":
+                tx.hdel(self.keys.control, "pause")
 
     def requested(self) -> set[str]:
         return {k.decode() for k in self.r.hkeys(self.keys.control)}
@@ -187,7 +264,8 @@ class RunStore:
         rec = json.loads(self.r.lindex(key, index))
         if rec.get("end_step") is None:
             rec.update(end_step=k, end_reason=reason)
-            self.r.lset(key, index, json.dumps(rec))
+            with self.writer.transaction() as tx:
+                tx.lset(key, index, json.dumps(rec))
 
     def start_stage(self, record: dict, prev_reason: str | None, newly_dropped: list[str]) -> None:
         """Stage `record["index"]` starts at step `record["start_step"]`, in one transaction: the
@@ -195,33 +273,25 @@ class RunStore:
         state's current stage."""
         k, index = record["start_step"], record["index"]
         rk = self.keys
-        pipe = self.r.pipeline(transaction=True)
-        for uid in newly_dropped:
-            pipe.hset(rk.dropped, uid, json.dumps({"from_stage": index, "reason": "solved"}))
-        if index > 0:
-            prev = json.loads(self.r.lindex(rk.stages, index - 1))
-            prev.update(end_step=k, end_reason=prev_reason)
-            pipe.lset(rk.stages, index - 1, json.dumps(prev))
-        pipe.rpush(rk.stages, json.dumps(record))
-        pipe.hset(rk.state, mapping={"stage": index, "stage_start": k})
-        pipe.execute()
-
-    def lease(self, holder: str, ttl_seconds: float) -> RunLease:
-        """The run's lease, as `holder` would hold it (`magic.store.lease`)."""
-        return RunLease(self.r, self.run_id, holder, ttl_seconds)
+        prev = json.loads(self.r.lindex(rk.stages, index - 1)) if index > 0 else None
+        with self.writer.transaction() as tx:
+            for uid in newly_dropped:
+                tx.hset(rk.dropped, uid, json.dumps({"from_stage": index, "reason": "solved"}))
+            if prev is not None:
+                prev.update(end_step=k, end_reason=prev_reason)
+                tx.lset(rk.stages, index - 1, json.dumps(prev))
+            tx.rpush(rk.stages, json.dumps(record))
+            tx.hset(rk.state, mapping={"stage": index, "stage_start": k})
 
     def retention(self, filter_group: str, enabled: bool = True) -> Retention:
-        """The run's stream retention (`magic.store.retention`)."""
-        return Retention(self.r, self.run_id, filter_group, enabled=enabled)
+        """The run's stream retention (`magic.store.retention`), writing as this store does."""
+        return Retention(self.r, self.run_id, filter_group, enabled=enabled, writer=self.writer)
 
-    @contextmanager
-    def transaction(self) -> Iterator[redis.client.Pipeline]:
-        """A MULTI/EXEC transaction: queue writes on it (the methods that take `pipe`, and
-        `StepStore.publish_step` / `ConsumerGroup.queue_ack`); it is executed when the block
-        ends, and discarded if the block raises."""
-        with self.r.pipeline(transaction=True) as pipe:
-            yield pipe
-            pipe.execute()
+    def transaction(self) -> AbstractContextManager[redis.client.Pipeline]:
+        """A MULTI/EXEC transaction under this store's writer (the lease of the run's driver):
+        queue writes on it (the methods that take `pipe`, `StepStore.publish_step`,
+        `ConsumerGroup.queue_ack`); executed when the block ends, discarded if the block raises."""
+        return self.writer.transaction()
 
     def set_phase(self, pipe: redis.client.Pipeline, phase: Phase, stage: int) -> None:
         """Queue on `pipe` the barrier's move to `phase` within stage `stage` (with the phase's effect)."""
@@ -254,19 +324,21 @@ class RunStore:
     def record_outcomes(self, outcomes: list[tuple[int, str, bool]]) -> None:
         """(stage, prompt uid, every sample correct) of scored groups: a prompt stays solved in a
         stage only while every group of it was all correct (idempotent: replays change nothing)."""
-        pipe = self.r.pipeline(transaction=False)
-        for stage, uid, all_correct in outcomes:
-            key = self.keys.solved(stage)
-            if all_correct:
-                pipe.hsetnx(key, uid, 1)
-            else:
-                pipe.hset(key, uid, 0)
-        pipe.execute()
+        if not outcomes:
+            return
+        with self.writer.transaction() as tx:
+            for stage, uid, all_correct in outcomes:
+                key = self.keys.solved(stage)
+                if all_correct:
+                    tx.hsetnx(key, uid, 1)
+                else:
+                    tx.hset(key, uid, 0)
 
     def begin_estimation(self, prompts: int, samples: int) -> None:
         rk = self.keys
-        self.r.hsetnx(rk.estimation, "status", "running")
-        self.r.hset(rk.estimation, mapping={"prompts": prompts, "samples": samples})
+        with self.writer.transaction() as tx:
+            tx.hsetnx(rk.estimation, "status", "running")
+            tx.hset(rk.estimation, mapping={"prompts": prompts, "samples": samples})
 
     def estimation_progress(self) -> tuple[int, int]:
         """(prompts published, prompts whose pass rate is in) of the difficulty estimation."""
@@ -278,18 +350,18 @@ class RunStore:
         pipe.hset(self.keys.estimation, "published", published)
 
     def record_pass_rate(self, uid: str, correct: int, n: int) -> None:
-        self.r.hset(self.keys.pass_rates, uid, f"{correct}/{n}")  # idempotent
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.pass_rates, uid, f"{correct}/{n}")  # idempotent
 
     def finish_estimation(self, drop: dict[str, str], summary: dict) -> None:
         """Drop the prompts in `drop` (uid -> reason) from stage 0 on, store `summary` and move
         the barrier to `publish`, in one transaction."""
         rk = self.keys
-        pipe = self.r.pipeline(transaction=True)
-        for uid, reason in drop.items():
-            pipe.hset(rk.dropped, uid, json.dumps({"from_stage": 0, "reason": reason}))
-        pipe.hset(rk.estimation, mapping={"status": "done", **summary})
-        pipe.hset(rk.state, "phase", Phase.publish.value)
-        pipe.execute()
+        with self.writer.transaction() as tx:
+            for uid, reason in drop.items():
+                tx.hset(rk.dropped, uid, json.dumps({"from_stage": 0, "reason": reason}))
+            tx.hset(rk.estimation, mapping={"status": "done", **summary})
+            tx.hset(rk.state, "phase", Phase.publish.value)
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -320,3 +392,10 @@ class RunStore:
             with path.open("a") as f:
                 f.writelines(x.decode() + "\n" for x in missing)
         return len(missing)
+
+
+def _read_record(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}

@@ -38,6 +38,7 @@ cannot move the barrier.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ import redis
 from magic.config.schema import StageConfig
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.store.lease import Direct, RedisLostData, Writer
 
 ESTIMATION = "estimation"
 """The scope of difficulty-estimation groups in `RunKeys.groups` (train groups use their step)."""
@@ -85,10 +87,12 @@ class LearnerProgress:
 class StepStore:
     """The only code that reads or writes the step contract's keys (see the module docstring)."""
 
-    def __init__(self, r: redis.Redis, run_id: str):
+    def __init__(self, r: redis.Redis, run_id: str, writer: Writer | None = None):
         self.r = r
         self.run_id = run_id
         self.keys = keys.RunKeys(run_id)
+        self.writer = writer or Direct(r)
+        """The learner's lease for its commit (`magic.store.lease`); none for the rollout workers."""
 
     # -- controller: publishing ------------------------------------------------------------------
 
@@ -144,20 +148,26 @@ class StepStore:
     def prepare(self, done: pb.StepCompleted, entropy_coef: float) -> None:
         """Commit step 2: remember StepCompleted(k) (and the entropy coefficient after it) before
         announcing v(k+1)."""
-        self.r.hset(self.keys.learner_state, mapping={"prepared": done.SerializeToString(), "prepared_coef": entropy_coef})
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.learner_state, mapping={"prepared": done.SerializeToString(), "prepared_coef": entropy_coef})
 
     def drop_prepared(self) -> None:
-        self.r.hdel(self.keys.learner_state, "prepared", "prepared_coef")
+        with self.writer.transaction() as tx:
+            tx.hdel(self.keys.learner_state, "prepared", "prepared_coef")
 
     def commit(self, done: pb.StepCompleted, source: str, entropy_coef: float, scored_group: str, entry_ids: list[str]) -> None:
-        """Commit step 4, one MULTI: the step is trained, its entries acked, StepCompleted sent."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.learner_state, mapping={"last_step": done.step, "updated_at": time.time(), "entropy_coef": entropy_coef})
-        pipe.hdel(self.keys.learner_state, "prepared", "prepared_coef")
-        if entry_ids:
-            pipe.xack(self.keys.scored, scored_group, *entry_ids)
-        pipe.xadd(self.keys.events, codec.encode(pb.Event(run_id=self.run_id, at=time.time(), source=source, step_completed=done)))
-        pipe.execute()
+        """Commit step 4, one MULTI: the step is trained, its entries acked, StepCompleted sent.
+        Refused (RedisLostData) unless Redis holds step k - 1 as the learner's last: anything else
+        means Redis lost the learner's writes since it attached."""
+        with self.writer.transaction() as tx:  # LeaseLost first: a learner that lost its lease learns only that
+            last = self.last_trained()
+            if last != done.step - 1:
+                raise RedisLostData(f"run {self.run_id}: committing step {done.step}, but Redis holds step {last} as the learner's last (Redis lost writes)")
+            tx.hset(self.keys.learner_state, mapping={"last_step": done.step, "updated_at": time.time(), "entropy_coef": entropy_coef})
+            tx.hdel(self.keys.learner_state, "prepared", "prepared_coef")
+            if entry_ids:
+                tx.xack(self.keys.scored, scored_group, *entry_ids)
+            tx.xadd(self.keys.events, codec.encode(pb.Event(run_id=self.run_id, at=time.time(), source=source, step_completed=done)))
 
     def last_trained(self) -> int:
         """The learner's committed `last_step` (-1 before the first)."""
@@ -166,11 +176,49 @@ class StepStore:
 
     # -- rollout workers: which version each serves ----------------------------------------------
 
+    def learner_epoch(self) -> int:
+        """The newest epoch of the run's learner lease (0 before any learner took it)."""
+        raw = self.r.get(self.keys.epoch("learner"))
+        return int(raw) if raw else 0
+
+    def announcement_problem(self, update: pb.WeightUpdate, newest_epoch: int = 0) -> str | None:
+        return announcement_problem(update, self.run_id, self.learner_epoch(), newest_epoch)
+
     def serve_version(self, worker: str, version: int) -> None:
-        self.r.hset(self.keys.weight_versions, worker, version)
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.weight_versions, worker, version)
 
     def served_versions(self) -> dict[str, int]:
         return {a.decode(): int(b) for a, b in self.r.hgetall(self.keys.weight_versions).items()}
+
+
+_CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")
+TRANSPORTS = ("filesystem", "http", "nccl")
+
+
+def announcement_problem(update: pb.WeightUpdate, run_id: str, learner_epoch: int, newest_epoch: int = 0) -> str | None:
+    """None if `update` can be an announcement of run `run_id`'s learner, else why not.
+
+    It must name this run and a transport, carry what its transport needs (a directory or URL,
+    a SHA-256 checksum and a size), and be signed by a learner lease epoch that exists
+    (`learner_epoch`, the epoch counter: only a learner that took the lease can have it; 0 only
+    while none ever did) and is not older than the newest epoch already seen (`newest_epoch`: an
+    announcement of a learner that lost its lease to another is stale)."""
+    if update.run_id != run_id:
+        return f"it names run {update.run_id!r}"
+    if update.transport not in TRANSPORTS:
+        return f"unknown transport {update.transport!r}"
+    if update.epoch > learner_epoch or (learner_epoch > 0 and update.epoch == 0):
+        return f"epoch {update.epoch} was never a learner lease's epoch (the newest is {learner_epoch})"
+    if update.epoch < newest_epoch:
+        return f"epoch {update.epoch} is older than epoch {newest_epoch}, which announced already (a learner that lost its lease)"
+    if update.transport == "nccl":  # a broadcast phase, or the snapshot of a version (its marker holds the checksum)
+        return None if update.HasField("nccl") or update.uri else "an nccl announcement with neither a phase nor a snapshot"
+    if update.HasField("nccl"):
+        return "an NCCL phase on a non-nccl transport"
+    if not update.uri or not _CHECKSUM.match(update.checksum) or update.num_bytes <= 0:
+        return f"v{update.version} names no directory, checksum or size (uri {update.uri!r}, checksum {update.checksum!r}, {update.num_bytes} bytes)"
+    return None
 
 
 def event_problem(event: pb.Event, run_id: str) -> str | None:

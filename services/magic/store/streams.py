@@ -36,13 +36,16 @@ from magic.observability.metrics import DEAD_LETTERS
 from magic.protocol import codec
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.heartbeat import alive_workers
+from magic.store.lease import Direct, Writer
 
 log = logging.getLogger(__name__)
 
 DEAD_LETTERS_MAX = 1000
-"""Dead letters kept per run (the oldest are trimmed, approximately): a poison rollout group at the
-paper's shape is ~1.5 MB, so the dead-letter stream stays under ~1.5 GB even when every entry
-of several steps is poison. `magic_dead_letters` counts them all."""
+"""Dead letters kept per run (the oldest are trimmed, approximately). `magic_dead_letters` counts them all."""
+DEAD_LETTER_PAYLOAD_MAX = 256 << 10
+"""Bytes of a poison entry's payload a dead letter keeps (its full size is recorded): the
+dead-letter stream holds at most DEAD_LETTERS_MAX x 256 KiB ≈ 256 MiB however large the poison
+(a poison rollout group at the paper's shape is ≈ 1.5 MB)."""
 
 M = TypeVar("M", bound=Message)
 
@@ -71,27 +74,33 @@ def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
 
 
 def _letter(stream: str, entry: Entry, reason: str, consumer: str) -> pb.DeadLetter:
+    payload = entry.fields.get(codec.PAYLOAD_FIELD, b"")
     return pb.DeadLetter(
         stream=stream,
         entry_id=entry.id,
         reason=reason[:2000],
         deliveries=entry.deliveries,
         consumer=consumer,
-        type=entry.fields.get(codec.TYPE_FIELD, b"").decode(errors="replace"),
-        payload=entry.fields.get(codec.PAYLOAD_FIELD, b""),
+        type=entry.fields.get(codec.TYPE_FIELD, b"").decode(errors="replace")[:200],
+        payload=payload[:DEAD_LETTER_PAYLOAD_MAX],
+        payload_bytes=len(payload),
     )
 
 
 class Stream:
-    """One Redis stream, used as a log: append, read the newest entry, follow with XREAD."""
+    """One Redis stream, used as a log: append, read the newest entry, follow with XREAD. Appends
+    go through `writer`: a lease (fenced writes, `magic.store.lease`) or none."""
 
-    def __init__(self, r: redis.Redis, key: str):
+    def __init__(self, r: redis.Redis, key: str, writer: Writer | None = None):
         self.r = r
         self.key = key
+        self.writer = writer or Direct(r)
 
     def add(self, msg: Message, maxlen: int | None = None) -> str:
         """Append `msg`; returns the entry id. `maxlen` trims old entries approximately."""
-        return _s(self.r.xadd(self.key, codec.encode(msg), maxlen=maxlen, approximate=True))
+        with self.writer.transaction() as tx:
+            tx.xadd(self.key, codec.encode(msg), maxlen=maxlen, approximate=True)
+        return _s(tx.replies[0])
 
     def newest(self, cls: type[M], check: Callable[[M], str | None] | None = None, scan: int = 64) -> tuple[str, M] | None:
         """The newest entry that decodes as `cls` and passes `check` (poison entries after it are
@@ -127,7 +136,9 @@ class Stream:
         """Record a poison entry of this (fan-out) stream in `dead_stream` once, however many
         followers find it; returns True if this call recorded it."""
         letter = _letter(self.key, entry, reason, consumer)
-        first = self.r.eval(_DEAD_ONCE, 2, f"{dead_stream}:seen", dead_stream, f"{self.key}/{entry.id}", *_flat(codec.encode(letter)))
+        with self.writer.transaction() as tx:
+            tx.eval(_DEAD_ONCE, 2, f"{dead_stream}:seen", dead_stream, f"{self.key}/{entry.id}", *_flat(codec.encode(letter)))
+        first = tx.replies[0]
         if first:
             DEAD_LETTERS.labels(stream=self.key.rsplit(":", 1)[-1]).inc()
             log.error("dead-lettered %s %s: %s", self.key, entry.id, reason)
@@ -150,8 +161,11 @@ class ConsumerGroup:
         dead_stream: str,
         max_deliveries: int = 5,
         dead_letters_max: int = DEAD_LETTERS_MAX,
+        writer: Writer | None = None,
     ):
         self.r = r
+        self.writer = writer or Direct(r)
+        """How acknowledgements, dead letters and outputs are written: under a lease or not."""
         self.stream = stream
         self.group = group
         self.consumer = consumer
@@ -222,6 +236,15 @@ class ConsumerGroup:
         self._last_reclaim = now
         return self.reclaim(alive_workers(self.r, service))
 
+    def reclaim_from_others_if_due(self, every_seconds: float) -> list[Entry]:
+        """`reclaim` from every other consumer, at most once per `every_seconds`: for a group only
+        one process may consume (the holder of a lease), whatever the others' heartbeats say."""
+        now = time.monotonic()
+        if now - self._last_reclaim < every_seconds:
+            return []
+        self._last_reclaim = now
+        return self.reclaim(alive=())
+
     def _screen(self, entries: list[Entry], known_deliveries: bool | None) -> list[Entry]:
         """Drop deleted entries and dead-letter those delivered too often."""
         if not entries:
@@ -245,18 +268,18 @@ class ConsumerGroup:
 
     def ack(self, *entry_ids: str) -> None:
         if entry_ids:
-            self.r.xack(self.stream, self.group, *entry_ids)
+            with self.writer.transaction() as tx:
+                tx.xack(self.stream, self.group, *entry_ids)
 
     def publish_and_ack(self, out: Stream, messages: list[Message], entry_ids: list[str]) -> None:
         """Append `messages` to `out` and acknowledge `entry_ids`, in one MULTI: a consumer's output
         and the acknowledgement of its input are durable together or not at all (a run's streams
         share one hash slot)."""
-        pipe = self.r.pipeline(transaction=True)
-        for msg in messages:
-            pipe.xadd(out.key, codec.encode(msg))
-        if entry_ids:
-            pipe.xack(self.stream, self.group, *entry_ids)
-        pipe.execute()
+        with self.writer.transaction() as tx:
+            for msg in messages:
+                tx.xadd(out.key, codec.encode(msg))
+            if entry_ids:
+                tx.xack(self.stream, self.group, *entry_ids)
 
     def queue_ack(self, pipe: redis.client.Pipeline, *entry_ids: str) -> None:
         """Queue the acknowledgement of `entry_ids` on `pipe` (a transaction of the caller's)."""
@@ -281,10 +304,9 @@ class ConsumerGroup:
     def dead_letter(self, entry: Entry, reason: str) -> None:
         """Move `entry` to the dead-letter stream with `reason`, then acknowledge it."""
         letter = _letter(self.stream, entry, reason, self.consumer)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, codec.encode(letter), maxlen=self.dead_letters_max, approximate=True)
-        pipe.xack(self.stream, self.group, entry.id)
-        pipe.execute()
+        with self.writer.transaction() as tx:
+            tx.xadd(self.dead_stream, codec.encode(letter), maxlen=self.dead_letters_max, approximate=True)
+            tx.xack(self.stream, self.group, entry.id)
         DEAD_LETTERS.labels(stream=self.stream.rsplit(":", 1)[-1]).inc()
         log.error("dead-lettered %s %s: %s", self.stream, entry.id, reason)
 

@@ -14,8 +14,8 @@ from magic.weights.nccl import NcclReceiver, NcclSender
 
 def make_sender(config: WeightTransport, *, channels: RunChannels, root: Path, config_json: str, keep: int) -> WeightSender:
     """The learner's sender for the run of `channels`: versions live under `root`, announcements
-    go to the run's `weights` stream."""
-    store = FilesystemWeightStore(root)
+    go to the run's `weights` stream, written under the learner's lease (its epoch names them)."""
+    store = FilesystemWeightStore(root, epoch=channels.fence.epoch if channels.fence is not None else 0)
     run_id, stream = channels.run_id, channels.stream("weights")
     if isinstance(config, FilesystemTransportConfig):
         return FilesystemSender(run_id, store, stream, config_json, keep)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import os
 import shutil
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.files import fsync_path, write_durably
 from magic.store.streams import Stream
 from magic.weights.base import Checkpoint, CheckpointLoader, WeightIntegrityError, WeightReceiver, WeightSender
 from magic.weights.config import FilesystemTransportConfig
@@ -44,31 +46,39 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+_DIR = re.compile(r"^v(\d{6})(?:-e(\d+))?$")
 
 
 class FilesystemWeightStore:
-    """Versioned weights under `root` (one run's weights directory)."""
+    """Versioned weights under `root` (one run's weights directory).
 
-    def __init__(self, root: Path):
+    Version k written under the learner lease's epoch e lives in `v<k:06d>-e<e>` (`v<k:06d>` for
+    epoch 0: stores without a lease, a rollout worker's download cache), so a learner that lost
+    its lease and resumes writing never replaces the files of the learner that took over: each
+    announcement names its own directory. Readers take, for each version, its newest epoch.
+    """
+
+    def __init__(self, root: Path, epoch: int = 0):
         self.root = Path(root)
+        self.epoch = epoch
 
-    def version_dir(self, version: int) -> Path:
-        return self.root / f"v{version:06d}"
+    def version_dir(self, version: int, epoch: int | None = None) -> Path:
+        """Where version `version` written under `epoch` (this store's) lives."""
+        epoch = self.epoch if epoch is None else epoch
+        return self.root / (f"v{version:06d}-e{epoch}" if epoch else f"v{version:06d}")
+
+    def _complete_dirs(self) -> dict[int, Path]:
+        """Version -> the directory of its newest epoch that is complete (has its marker)."""
+        if not self.root.exists():
+            return {}
+        best: dict[int, tuple[int, Path]] = {}
+        for d in self.root.iterdir():
+            match = _DIR.match(d.name)
+            if match and d.is_dir() and (d / MARKER).exists():
+                version, epoch = int(match.group(1)), int(match.group(2) or 0)
+                if version not in best or epoch > best[version][0]:
+                    best[version] = (epoch, d)
+        return {v: d for v, (_, d) in best.items()}
 
     def write(self, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> tuple[Path, str, int]:
         """Write version `version` atomically; returns (directory, checksum, size of the weights file)."""
@@ -81,20 +91,21 @@ class FilesystemWeightStore:
         weights = tmp / WEIGHTS_FILE
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
         save_file(tensors, str(weights), metadata={"format": "pt", "magic_version": str(version)})
-        _fsync_path(weights)
+        fsync_path(weights)
         (tmp / CONFIG_FILE).write_text(config_json)
         checksum, size = sha256_file(weights), weights.stat().st_size
         if final.exists():  # a previous attempt at this version (learner restarted mid-publish)
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_write(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size}))
+        write_durably(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size}))
         return final, checksum, size
 
     def publish(self, run_id: str, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> pb.WeightUpdate:
         """Write version `version` and return the WeightUpdate that announces it."""
         final, checksum, size = self.write(version, state_dict, config_json)
         return pb.WeightUpdate(
-            run_id=run_id, version=version, transport=TRANSPORT, uri=str(final.resolve()), checksum=checksum, num_bytes=size, published_at=time.time()
+            run_id=run_id, version=version, transport=TRANSPORT, uri=str(final.resolve()), checksum=checksum, num_bytes=size,
+            published_at=time.time(), epoch=self.epoch,
         )
 
     @staticmethod
@@ -133,24 +144,22 @@ class FilesystemWeightStore:
         """The state dict of a version in this store (checked like `load`)."""
         from safetensors.torch import load_file
 
-        checkpoint = self.verify(self.version_dir(version), version)
+        directory = self._complete_dirs().get(version, self.version_dir(version))
+        checkpoint = self.verify(directory, version)
         return load_file(str(checkpoint.directory / WEIGHTS_FILE))
 
     def complete_versions(self) -> list[int]:
-        if not self.root.exists():
-            return []
-        out = []
-        for d in self.root.iterdir():
-            if d.is_dir() and d.name.startswith("v") and d.name[1:].isdigit() and (d / MARKER).exists():
-                out.append(int(d.name[1:]))
-        return sorted(out)
+        return sorted(self._complete_dirs())
 
     def gc(self, keep: int) -> list[int]:
-        """Delete all but the newest `keep` complete versions and any stale partial directory."""
+        """Delete all but the newest `keep` complete versions (every epoch's directory of them) and
+        any stale partial directory."""
         versions = self.complete_versions()
         doomed = versions[:-keep] if keep > 0 else versions
-        for v in doomed:
-            shutil.rmtree(self.version_dir(v), ignore_errors=True)
+        for d in self.root.iterdir() if doomed else []:
+            match = _DIR.match(d.name)
+            if match and int(match.group(1)) in doomed:
+                shutil.rmtree(d, ignore_errors=True)
         if self.root.exists():
             for d in self.root.iterdir():
                 if d.name.startswith(".") and ".partial-" in d.name and time.time() - d.stat().st_mtime > 3600:

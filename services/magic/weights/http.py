@@ -40,7 +40,7 @@ from magic.weights.filesystem import CONFIG_FILE, MARKER, WEIGHTS_FILE, Filesyst
 log = logging.getLogger(__name__)
 
 TRANSPORT = "http"
-_PATH = re.compile(r"^/(v\d{6})/(model\.safetensors|config\.json)$")
+_PATH = re.compile(r"^/(v\d{6}(?:-e\d+)?)/(model\.safetensors|config\.json)$")
 
 
 class WeightServer:
@@ -105,6 +105,7 @@ class HttpSender(WeightSender):
             checksum=checksum,
             num_bytes=size,
             published_at=time.time(),
+            epoch=self.store.epoch,
         )
         self.stream.add(update)
         self.store.gc(keep=self.keep)

@@ -103,7 +103,10 @@ class RedisRelayClient:
 
     def _announce(self, transfer: pb.NcclTransfer) -> None:
         self.stream.add(
-            pb.WeightUpdate(run_id=self.run_id, version=self.version, transport=TRANSPORT, uri=self.snapshot_uri, nccl=transfer, published_at=time.time())
+            pb.WeightUpdate(
+                run_id=self.run_id, version=self.version, transport=TRANSPORT, uri=self.snapshot_uri, nccl=transfer, published_at=time.time(),
+                epoch=self.channels.fence.epoch if self.channels.fence is not None else 0,
+            )
         )
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
@@ -155,7 +158,7 @@ class NcclSender(WeightSender):
         snapshot_uri = str(self.store.version_dir(version).resolve()) if self.config.snapshot or not members else ""
         if not members:  # nobody to broadcast to (all pods are catching up): the snapshot is the version
             self.store.write(version, state_dict, self.config_json)
-            update = pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time())
+            update = pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time(), epoch=self.store.epoch)
             self.stream.add(update)
             return update
         wire = {k: v.detach().to("cuda", getattr(torch, self.config.dtype)) for k, v in state_dict.items()}
@@ -168,7 +171,7 @@ class NcclSender(WeightSender):
             cpu = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
             self._snapshot = threading.Thread(target=self._write_snapshot, args=(version, cpu), name=f"snapshot-v{version}", daemon=True)
             self._snapshot.start()
-        return pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time())
+        return pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time(), epoch=self.store.epoch)
 
     def _open_group(self, version: int, members: dict[str, int], wire: dict[str, torch.Tensor], snapshot_uri: str) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine

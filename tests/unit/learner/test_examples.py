@@ -25,8 +25,11 @@ def test_every_recipe_of_the_family_ships():
 
 
 def scaled(st: StageConfig) -> StageConfig:
+    """The stage at the tiny model's size: T = 16, the overlong buffer scaled with it (it must stay below T)."""
     ratio = st.rollout_batch_size // (st.train_batch_size or st.rollout_batch_size)
     data = st.model_dump() | {"rollout_batch_size": 4, "train_batch_size": 4 // ratio, "group_size": 4, "context_length": 16, "lr": 1e-3}
+    if data["penalties"]:
+        data["penalties"]["overlong_buffer_tokens"] = data["penalties"]["overlong_buffer_tokens"] * 16 // st.context_length
     return StageConfig.model_validate(data)
 
 

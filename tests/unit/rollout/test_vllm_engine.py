@@ -77,7 +77,14 @@ def test_samples_from_another_weight_version_are_refused(fake, engine, tmp_path,
     response = fake.completion({"n": 1, "prompt": [1], "return_token_ids": True, "return_weight_versions": True})
     with pytest.raises(VllmError, match="weight versions \\['2'\\], expected only 3"):
         parse_completion(response, 1, 3)
+    # before sampling, the engine checks the server still serves its version (a restarted server does not)
+    with pytest.raises(VllmServerDied, match="serves weights '2', not v3"):
+        engine.submit("g", GenerationRequest([1], n=1, max_tokens=3))
+    assert engine.version == -1  # until a reload: the worker attaches again and loads the newest version
+    engine.load_checkpoint(Checkpoint(3, tiny_model_dir))
+    fake.delay = 0.5  # the group is answered after the change below
     engine.submit("g", GenerationRequest([1], n=1, max_tokens=3))
+    fake.weight_version = "2"  # and while a group is in flight: its samples carry the other label
     finished = []
     while not finished:
         finished = engine.step()
@@ -131,7 +138,7 @@ def test_reload_from_path_pauses_reloads_labels_and_resumes(fake, engine, tmp_pa
     assert fake.paths() == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
     rpc = next(b for _, p, _, b in fake.calls if p == "/collective_rpc")
     assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model_dir)}}
-    assert next(q for _, p, q, _ in fake.calls if p == "/pause") == {"mode": ["wait"]}
+    assert next(q for _, p, q, _ in fake.calls if p == "/pause") == {"mode": ["wait"], "clear_cache": ["true"]}  # never the deprecated default
     assert engine.version == 5 and fake.weight_version == "5"
 
 

@@ -77,6 +77,8 @@ class FakeVllm:
                     self._send(200, {"vllm_config": {"model_config": {"logprobs_mode": fake.logprobs_mode}}, "vllm_env": {}, "system_env": {}})
                 elif url.path == "/get_world_size":
                     self._send(200, {"world_size": fake.world_size})
+                elif url.path == "/weight_info":
+                    self._send(200, {"weight_version": fake.weight_version})
                 else:
                     self._send(404, {"detail": "Not Found"})
 

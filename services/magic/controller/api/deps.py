@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -14,7 +15,8 @@ from magic.controller.api.guard import token_problem
 from magic.controller.datasets import DatasetRegistry
 from magic.controller.driver import StepDriver
 from magic.controller.settings import ControllerSettings
-from magic.protocol.status import TERMINAL
+from magic.protocol.status import TERMINAL, RunStatus
+from magic.store.lease import RedisLostData, RunEnded
 from magic.store.runs import Runs
 
 log = logging.getLogger(__name__)
@@ -44,11 +46,30 @@ class Controller:
             driver.wake.set()
 
     def resume_active(self) -> None:
-        """After a restart: keep driving the active run where its persisted state says."""
+        """After a restart: keep driving the active run where its persisted state says; drive the
+        runs Redis lost too, so that they fail at once saying so."""
         run_id = self.runs.active()
         if run_id and (run := self.runs[run_id]).status() not in TERMINAL and run.spec() is not None:
             log.info("resuming run %s", run_id)
             self.start_driver(run_id)
+        for lost in self.runs.lost():
+            log.error("run %s: Redis lost its state; failing it", lost)
+            self.start_driver(lost)
+
+    def end_unattended(self, run_id: str, status: RunStatus) -> bool:
+        """End run `run_id` when no controller drives it (its driver died, or none ever started
+        here): take its lease for one fenced write. False when another controller drives it (that
+        one ends it on the request it reads)."""
+        lease = self.runs.lease(run_id, f"{self.settings.worker_name}-api-{uuid.uuid4().hex[:8]}", self.settings.lease_seconds)
+        try:
+            if not lease.try_acquire():
+                return False
+            self.runs.store(run_id, writer=lease).finish(status)
+            return True
+        except (RunEnded, RedisLostData):
+            return False
+        finally:
+            lease.release()
 
     def shutdown(self) -> None:
         for d in self.drivers.values():

@@ -134,6 +134,7 @@ def stop_run(run_id: str, c: ControllerDep) -> RunView:
     if driver is not None and driver.is_alive():
         driver.wake.set()
         driver.join(timeout=10)
-    if c.runs[run_id].status() not in TERMINAL:
-        c.runs[run_id].finish(RunStatus.stopped)
+    deadline = time.monotonic() + 10.0
+    while c.runs[run_id].status() not in TERMINAL and not c.end_unattended(run_id, RunStatus.stopped) and time.monotonic() < deadline:
+        time.sleep(0.1)  # another controller drives the run: it ends it on the request
     return run_view(c, run_id)

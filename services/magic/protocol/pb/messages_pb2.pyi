@@ -157,7 +157,7 @@ class ScoredGroup(_message.Message):
     def __init__(self, rollout: _Optional[_Union[RolloutGroup, _Mapping]] = ..., scores: _Optional[_Iterable[_Union[Score, _Mapping]]] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class WeightUpdate(_message.Message):
-    __slots__ = ("run_id", "version", "transport", "uri", "checksum", "num_bytes", "published_at", "nccl")
+    __slots__ = ("run_id", "version", "transport", "uri", "checksum", "num_bytes", "published_at", "nccl", "epoch")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class WeightUpdate(_message.Message):
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     NCCL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     transport: str
@@ -174,7 +175,8 @@ class WeightUpdate(_message.Message):
     num_bytes: int
     published_at: float
     nccl: NcclTransfer
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., transport: _Optional[str] = ..., uri: _Optional[str] = ..., checksum: _Optional[str] = ..., num_bytes: _Optional[int] = ..., published_at: _Optional[float] = ..., nccl: _Optional[_Union[NcclTransfer, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., transport: _Optional[str] = ..., uri: _Optional[str] = ..., checksum: _Optional[str] = ..., num_bytes: _Optional[int] = ..., published_at: _Optional[float] = ..., nccl: _Optional[_Union[NcclTransfer, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NcclTransfer(_message.Message):
     __slots__ = ("join", "update")
@@ -244,7 +246,7 @@ class Event(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., step_completed: _Optional[_Union[StepCompleted, _Mapping]] = ..., worker_error: _Optional[_Union[WorkerError, _Mapping]] = ...) -> None: ...
 
 class StepCompleted(_message.Message):
-    __slots__ = ("step", "new_version", "metrics", "batch_complete_at", "train_seconds", "published_at")
+    __slots__ = ("step", "new_version", "metrics", "batch_complete_at", "train_seconds", "published_at", "epoch")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,13 +260,15 @@ class StepCompleted(_message.Message):
     BATCH_COMPLETE_AT_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     step: int
     new_version: int
     metrics: _containers.ScalarMap[str, float]
     batch_complete_at: float
     train_seconds: float
     published_at: float
-    def __init__(self, step: _Optional[int] = ..., new_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_complete_at: _Optional[float] = ..., train_seconds: _Optional[float] = ..., published_at: _Optional[float] = ...) -> None: ...
+    epoch: int
+    def __init__(self, step: _Optional[int] = ..., new_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_complete_at: _Optional[float] = ..., train_seconds: _Optional[float] = ..., published_at: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WorkerError(_message.Message):
     __slots__ = ("service", "message")
@@ -275,7 +279,7 @@ class WorkerError(_message.Message):
     def __init__(self, service: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("stream", "entry_id", "reason", "deliveries", "consumer", "type", "payload")
+    __slots__ = ("stream", "entry_id", "reason", "deliveries", "consumer", "type", "payload", "payload_bytes")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +287,7 @@ class DeadLetter(_message.Message):
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     stream: str
     entry_id: str
     reason: str
@@ -290,4 +295,5 @@ class DeadLetter(_message.Message):
     consumer: str
     type: str
     payload: bytes
-    def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., consumer: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    payload_bytes: int
+    def __init__(self, stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., reason: _Optional[str] = ..., deliveries: _Optional[int] = ..., consumer: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[bytes] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
