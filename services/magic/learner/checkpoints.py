@@ -4,7 +4,9 @@ Layout: root/step-<k>/ {config.json, generation_config.json, model.safetensors (
 float32 master weights), the tokenizer and chat template of the run's model, optimizer.pt or
 deepspeed/ (partitioned state), ema_reference.safetensors (with an EMA reference),
 trainer_state.json, COMPLETE}: the directory loads as it is with `from_pretrained` and `vllm serve`.
-Only complete checkpoints are loaded; the oldest beyond `keep` are deleted.
+COMPLETE is written last, once every file is fsynced, and lists each file's size; a checkpoint
+without it, or whose files do not match it or do not parse (`problem`: a write cut short by a
+crash or a power cut), is never loaded. The oldest beyond `keep` are deleted.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import shutil
 import threading
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
+
+from magic.runtime.files import fsync_tree, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,9 @@ def _write_checkpoint(policy, state, write_optimizer, trainer_state, assets_from
         if ema is not None:
             save_file(ema, str(d / EMA_REFERENCE_FILE))
         (d / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
-        (d / COMPLETE).touch()
+        fsync_tree(d)  # every file on disk before the marker that vouches for them
+        sizes = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+        write_durably(d / COMPLETE, json.dumps({"step": trainer_state.get("step"), "files": sizes}))
     except Exception:  # noqa: BLE001 — an incomplete checkpoint is never loaded; the next one retries
         log.exception("writing checkpoint %s failed", d)
         return
@@ -117,12 +124,41 @@ def _write_checkpoint(policy, state, write_optimizer, trainer_state, assets_from
 
 
 def latest_checkpoint(root: Path, step: int | None = None) -> Path | None:
-    """The newest complete checkpoint under `root` (of `step` exactly, if given)."""
-    done = sorted(p.parent for p in root.glob(f"step-*/{COMPLETE}"))
+    """The newest complete, readable checkpoint under `root` (of `step` exactly, if given); an
+    unreadable one (`problem`) is skipped, with a warning."""
+    done = sorted((p.parent for p in root.glob(f"step-*/{COMPLETE}")), reverse=True)
     if step is not None:
         done = [p for p in done if p.name == f"step-{step:08d}"]
-    return done[-1] if done else None
+    for d in done:
+        why = problem(d)
+        if why is None:
+            return d
+        log.warning("checkpoint %s is unreadable (%s): skipped", d, why)
+    return None
 
+
+def problem(directory: Path) -> str | None:
+    """Why checkpoint `directory` cannot be loaded, or None: a file its marker lists is missing or
+    has another size (a write cut short), the weights' safetensors header or the trainer state
+    does not parse. Cheap: nothing is hashed or loaded."""
+    try:
+        manifest = json.loads((directory / COMPLETE).read_text() or "{}")
+        for name, size in (manifest.get("files") or {}).items():
+            path = directory / name
+            if not path.is_file() or path.stat().st_size != size:
+                return f"{name} is missing or has {path.stat().st_size if path.is_file() else 0} bytes, not {size}"
+        state = read_trainer_state(directory)
+        if not isinstance(state.get("step"), int) or "entropy_controller" not in state:
+            return f"{TRAINER_STATE_FILE} lacks the step or the entropy controller"
+        weights = sorted(directory.glob("model*.safetensors"))
+        if not weights:
+            return "no model.safetensors"
+        for w in weights:
+            with safe_open(str(w), framework="pt") as f:
+                f.keys()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def read_trainer_state(directory: Path) -> dict:

@@ -1,0 +1,97 @@
+"""Files cut by a crash or a power cut: the newest checkpoint half-written (its COMPLETE marker
+present), a garbage trainer state, a half-written published weights file. A learner restarted on a
+checkpoint it cannot read falls back (to the weights it published for the same step, logged) and
+the run finishes exactly once; weights no rollout worker can load fail the run at once, naming the
+file, instead of stalling it.
+
+The four services run as processes over a real Redis; the files are damaged between a SIGKILL and
+a restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from waiting import wait_for
+from world import SERVICES, AofRedis, World, assert_exactly_once, drive
+
+from magic.demo import task
+from magic.local.redis_server import free_port
+from magic.local.supervisor import Supervisor
+from magic.protocol import keys
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def world(tmp_path, tiny_model_dir):
+    data = tmp_path / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(7, 0, 40, 0)["train"])])
+    server = AofRedis(tmp_path / "redis").start()
+    port = free_port()
+    env = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp_path / "data"), "MAGIC_TORCH_THREADS": "1",
+           "MAGIC_HEARTBEAT_TTL_SECONDS": "4", "MAGIC_CHECKPOINT_EVERY": "1"}
+    w = World(Supervisor(tmp_path / "logs", env), server, redis.Redis.from_url(server.url), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10), port, data, tiny_model_dir)
+    for name in SERVICES:
+        w.start(name)
+    yield w
+    w.sup.stop_all()
+    server.stop()
+
+
+def recorded(w: World, run: str) -> int:
+    return int(w.r.llen(keys.RunKeys(run).metrics))
+
+
+def learner_stopped_at(w: World, run: str) -> Path:
+    """Pause the run after step 1 (the learner has committed its last step and writes that step's
+    checkpoint), SIGKILL the learner: the checkpoint of its last committed step, complete."""
+    wait_for(lambda: recorded(w, run) >= 2, 120, "step 1 recorded")
+    assert w.api.post(f"/v1/runs/{run}/pause").status_code == 200
+    wait_for(lambda: w.status(run)["status"] == "paused", 60, "the run to pause")
+    last = int(w.r.hget(keys.RunKeys(run).learner_state, "last_step"))
+    ckpt = Path(w.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / f"step-{last:08d}"
+    wait_for(lambda: (ckpt / "COMPLETE").exists(), 30, f"checkpoint {ckpt.name}")
+    w.sup.kill("learner")
+    return ckpt
+
+
+@pytest.mark.parametrize("damage", ["half-written weights", "garbage trainer state"])
+def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_finishes(world, damage):
+    run = "ckpt-" + damage.split()[0]
+    world.submit(run, steps=4)
+    ckpt = learner_stopped_at(world, run)
+    if damage == "half-written weights":
+        weights = ckpt / "model.safetensors"
+        with weights.open("r+b") as f:
+            f.truncate(weights.stat().st_size // 2)
+    else:
+        (ckpt / "trainer_state.json").write_text("{not json")
+    world.start("learner")
+    assert world.api.post(f"/v1/runs/{run}/resume").status_code == 200
+    status, _ = drive(world, run, {}, timeout=150)
+    assert_exactly_once(world, run, 4, status)
+    log = world.sup.get("learner").log_tail(400)
+    assert f"checkpoint {ckpt} is unreadable" in log and "without a (readable) checkpoint" in log
+
+
+def test_published_weights_no_worker_can_load_fail_the_run_at_once(world):
+    run = "cut-weights"
+    world.submit(run, steps=6)
+    wait_for(lambda: recorded(world, run) >= 2, 120, "step 1 recorded")
+    world.sup.kill("rollout-0")
+    weights = Path(world.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "weights"
+    newest = max((d for d in weights.iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.name)
+    with (newest / "model.safetensors").open("r+b") as f:
+        f.truncate(1000)
+    world.start("rollout-0")
+    deadline = time.monotonic() + 60
+    status: dict = {}
+    while time.monotonic() < deadline and status.get("status") != "failed":
+        time.sleep(0.5)
+        status = world.api.get(f"/v1/runs/{run}").json()
+    assert status.get("status") == "failed", status
+    assert "cannot be loaded" in status["error"] and newest.name in status["error"], status["error"]
