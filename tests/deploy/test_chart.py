@@ -221,11 +221,15 @@ def test_default_values_run_vllm_on_one_gpu_per_pod_with_bundled_redis(rendered)
     assert "maxmemory 3gb" in conf.splitlines()
     assert container(pod_spec(docs, "StatefulSet", "redis"), "redis")["resources"]["limits"]["memory"] == "4Gi"
     url = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_REDIS_URL"]
-    assert url == f"redis://:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"
+    assert url == f"redis://magic-controller:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"  # its own ACL user
     # neither the password nor the token is given: the hook Job generates both in the cluster
     job = one(docs, "Job", f"{RELEASE}-magic-secrets")
     wanted = json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"])
-    assert wanted == [{"name": f"{RELEASE}-magic-auth", "key": "api-token", "length": 32}, {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32}]
+    assert wanted == [
+        {"name": f"{RELEASE}-magic-auth", "key": "api-token", "length": 32},
+        {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32},
+        *({"name": f"{RELEASE}-magic-redis-{role}", "key": "redis-password", "length": 32} for role in ("controller", "rollout", "reward", "learner")),
+    ]
     assert not objects(docs, "Secret")
     # the shared volume is ReadWriteMany and kept on uninstall
     pvc = one(docs, "PersistentVolumeClaim", f"{RELEASE}-magic-data")

@@ -18,6 +18,8 @@ from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, rende
 
 pytestmark = pytest.mark.deploy
 
+ROLES = ("controller", "rollout", "reward", "learner")
+
 HOOK = "helm.sh/hook"
 
 
@@ -62,7 +64,8 @@ def test_generated_secrets_come_from_a_hook_job_that_keeps_existing_ones(chart):
     assert script == (CHART / "files" / "ensure_secrets.py").read_text().rstrip("\n")
     role = one(docs, "Role", f"{RELEASE}-magic-secrets")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{RELEASE}-magic-auth", f"{RELEASE}-magic-redis"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+         "resourceNames": [f"{RELEASE}-magic-auth", f"{RELEASE}-magic-redis", *(f"{RELEASE}-magic-redis-{role}" for role in ROLES)]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
     for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap"):  # exist before the Job runs
@@ -74,13 +77,16 @@ def test_generated_secrets_come_from_a_hook_job_that_keeps_existing_ones(chart):
 
 
 def test_given_or_existing_secrets_need_no_hook(chart):
-    given = render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "p-ass.word_1"}}})
+    acl = {role: f"{role}-pw" for role in ROLES}  # the services' Redis users' passwords
+    given = render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "p-ass.word_1"}, "acl": {"passwords": acl}}})
     assert not objects(given, "Job")
     assert base64.b64decode(one(given, "Secret", f"{RELEASE}-magic-auth")["data"]["api-token"]) == b"t" * 24
+    assert all(base64.b64decode(one(given, "Secret", f"{RELEASE}-magic-redis-{r}")["data"]["redis-password"]) == p.encode() for r, p in acl.items())
     only_token = render(chart, {"auth": {"apiToken": "t" * 24}})
     (job,) = objects(only_token, "Job")
     assert json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"]) == [
-        {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32}
+        {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32},
+        *({"name": f"{RELEASE}-magic-redis-{role}", "key": "redis-password", "length": 32} for role in ROLES),
     ]
     assert not objects(render(chart, value_set("external-redis")), "Job")
 

@@ -154,36 +154,56 @@ its own pod IP (expanded by Kubernetes from MAGIC_POD_IP) as the NCCL rendezvous
 {{- default (include "magic.componentName" (dict "root" . "component" "auth")) .Values.auth.existingSecret }}
 {{- end }}
 
-{{/* MAGIC_REDIS_URL (and the password it expands) as EnvVars */}}
+{{/* The Secret of a role's Redis ACL user: (dict "root" $ "role" "rollout") */}}
+{{- define "magic.redisRoleSecretName" -}}
+{{- include "magic.componentName" (dict "root" .root "component" (printf "redis-%s" .role)) }}
+{{- end }}
+
+{{- define "magic.redisAcl" -}}
+{{- if and .Values.redis.enabled .Values.redis.auth.enabled .Values.redis.acl.enabled }}true{{ end }}
+{{- end }}
+
+{{/* MAGIC_REDIS_URL (and the password it expands) as EnvVars: (dict "root" $ "role" "rollout");
+with the bundled Redis's ACL users (redis.acl.enabled) each role connects as its own user
+(`magic.store.acl`), else as the default user; no role: the default user (the helm test). */}}
 {{- define "magic.redisEnv" -}}
-{{- if .Values.redis.enabled }}
-{{- if .Values.redis.auth.enabled }}
+{{- $root := .root }}
+{{- if $root.Values.redis.enabled }}
+{{- if and (include "magic.redisAcl" $root) .role }}
 - name: MAGIC_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "magic.redisSecretName" . }}
-      key: {{ .Values.redis.auth.existingSecretPasswordKey }}
+      name: {{ include "magic.redisRoleSecretName" . }}
+      key: redis-password
 - name: MAGIC_REDIS_URL
-  value: {{ printf "redis://:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" (include "magic.redisHost" .) | quote }}
+  value: {{ printf "redis://magic-%s:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" .role (include "magic.redisHost" $root) | quote }}
+{{- else if $root.Values.redis.auth.enabled }}
+- name: MAGIC_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "magic.redisSecretName" $root }}
+      key: {{ $root.Values.redis.auth.existingSecretPasswordKey }}
+- name: MAGIC_REDIS_URL
+  value: {{ printf "redis://:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" (include "magic.redisHost" $root) | quote }}
 {{- else }}
 - name: MAGIC_REDIS_URL
-  value: {{ printf "redis://%s:6379/0" (include "magic.redisHost" .) | quote }}
+  value: {{ printf "redis://%s:6379/0" (include "magic.redisHost" $root) | quote }}
 {{- end }}
-{{- else if .Values.externalRedis.existingSecret }}
+{{- else if $root.Values.externalRedis.existingSecret }}
 - name: MAGIC_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.externalRedis.existingSecret }}
-      key: {{ .Values.externalRedis.existingSecretUrlKey }}
+      name: {{ $root.Values.externalRedis.existingSecret }}
+      key: {{ $root.Values.externalRedis.existingSecretUrlKey }}
 {{- else }}
 - name: MAGIC_REDIS_URL
-  value: {{ required "externalRedis.url or externalRedis.existingSecret is required when redis.enabled is false" .Values.externalRedis.url | quote }}
+  value: {{ required "externalRedis.url or externalRedis.existingSecret is required when redis.enabled is false" $root.Values.externalRedis.url | quote }}
 {{- end }}
 {{- end }}
 
 {{/* EnvVars every MAGIC container shares: (dict "root" $ "values" .Values.rollout) */}}
 {{- define "magic.env" -}}
-{{ include "magic.redisEnv" .root }}
+{{ include "magic.redisEnv" (dict "root" .root "role" .role) }}
 - name: MAGIC_DATA_DIR
   value: {{ .root.Values.persistence.mountPath | quote }}
 - name: MAGIC_WORKER_NAME
@@ -284,6 +304,13 @@ A list of {name, key, length}. */}}
 {{- if and .Values.redis.enabled .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) (not .Values.redis.auth.password) }}
 {{- $out = append $out (dict "name" (include "magic.redisSecretName" .) "key" .Values.redis.auth.existingSecretPasswordKey "length" 32) }}
 {{- end }}
+{{- if include "magic.redisAcl" . }}
+{{- range $role := list "controller" "rollout" "reward" "learner" }}
+{{- if not (get ($.Values.redis.acl.passwords | default dict) $role) }}
+{{- $out = append $out (dict "name" (include "magic.redisRoleSecretName" (dict "root" $ "role" $role)) "key" "redis-password" "length" 32) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- toJson $out }}
 {{- end }}
 
@@ -292,7 +319,7 @@ values and Secret names; a generated value never changes). "token": whether the 
 API token (the controller, and the reward pods for POST /v1/score). (dict "root" $ "token" bool) */}}
 {{- define "magic.secretsChecksum" -}}
 {{- $v := .root.Values }}
-{{- $in := dict "redis" (dict "enabled" $v.redis.enabled "auth" $v.redis.auth "external" $v.externalRedis) }}
+{{- $in := dict "redis" (dict "enabled" $v.redis.enabled "auth" $v.redis.auth "acl" $v.redis.acl "external" $v.externalRedis) }}
 {{- if .token }}
 {{- $_ := set $in "auth" $v.auth }}
 {{- end }}

@@ -43,6 +43,7 @@ from magic.protocol.status import TERMINAL, RunStatus
 from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_server import default_python
 from magic.runtime.exits import Exit
+from magic.store import acl
 
 log = logging.getLogger("magic.local")
 
@@ -150,19 +151,21 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     torch.set_num_threads(2)
     print("[2/5] starting a private redis-server and the four services ...", flush=True)
     redis_server = RedisServer().start()
+    # each service reaches Redis as its own ACL user, allowed only its role's writes
+    urls = acl.create_users_at(redis_server.url, {role: secrets.token_urlsafe(24) for role in acl.ROLES})
     api_port = free_port()
-    base_env = {"MAGIC_REDIS_URL": redis_server.url, "MAGIC_DATA_DIR": str(out / "data"), "MAGIC_LOG_LEVEL": "INFO"}
+    base_env = {"MAGIC_DATA_DIR": str(out / "data"), "MAGIC_LOG_LEVEL": "INFO"}
     base_env |= transport_env(args.transport)
     rollout_env = {"MAGIC_TORCH_THREADS": "2"} | engine_env(args.engine)
     sup = Supervisor(out / "logs", base_env)
     token = secrets.token_urlsafe(24)  # the API is on loopback, but mutating calls still need it
     try:
-        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
-        sup.start("learner", "magic.learner", {"MAGIC_TORCH_THREADS": "2"})
+        sup.start("controller", "magic.controller", {"MAGIC_REDIS_URL": urls["controller"], "MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
+        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2"})
         for i in range(args.rollout_workers):
-            sup.start(f"rollout-{i}", "magic.rollout", rollout_env)
+            sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_REDIS_URL": urls["rollout"], **rollout_env})
         for i in range(args.reward_workers):
-            sup.start(f"reward-{i}", "magic.reward", {"MAGIC_TORCH_THREADS": "1"})
+            sup.start(f"reward-{i}", "magic.reward", {"MAGIC_REDIS_URL": urls["reward"], "MAGIC_TORCH_THREADS": "1"})
         api = ControllerClient(f"http://127.0.0.1:{api_port}", token, timeout=30)
         _wait_ready(api, sup)
 
