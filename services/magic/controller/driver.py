@@ -161,7 +161,16 @@ class StepDriver(threading.Thread):
 
     def _fail(self, exc: Exception) -> None:
         """Any failure that is not a Redis outage ends the run with its reason: in Redis (under the
-        lease) and in the run's durable record, which the API shows if Redis lost the run."""
+        lease) and in the run's durable record, which the API shows if Redis lost the run. A
+        failure seen in a Redis that lost writes (a step record missing, state that no longer
+        adds up) is reported as the lost data it comes from, whatever its symptom."""
+        if not isinstance(exc, RedisLostData):
+            try:
+                self.lease.check()
+            except RedisLostData as lost:
+                exc = lost
+            except RedisError:
+                pass  # cannot tell: the failure is reported as it was seen
         if isinstance(exc, RedisLostData) or run_gone(exc):
             error = f"Redis lost data: {exc}. {LOST_DATA_ADVICE}"
             self.lease.accept_loss()
@@ -170,6 +179,9 @@ class StepDriver(threading.Thread):
         log.error("run %s failed: %s", self.run_id, error, exc_info=exc)
         try:
             self.store.finish(RunStatus.failed, error=error)  # in Redis, under the lease, then in the durable record
+        except RedisLostData as cannot:  # Redis lost writes again meanwhile: the durable record still says so
+            log.error("run %s: cannot record the failure in Redis (%s)", self.run_id, cannot)
+            self.store.record_durably(status=RunStatus.failed.value, error=error[:4000])
         except (RedisError, LeaseLost, RunEnded) as cannot:
             log.error("run %s: cannot record the failure (%s)", self.run_id, cannot)
 
