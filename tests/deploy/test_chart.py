@@ -106,8 +106,8 @@ def test_names_are_unique_and_valid(rendered, name):
 # -- what every value set guarantees ---------------------------------------------------------------
 
 
-SANDBOX_CAPABILITIES = ["SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"]
-"""What the reward container keeps to give every sandbox slot its own uid (reward.sandbox.isolation=uid)."""
+SANDBOX_CAPABILITIES = ["SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL", "SYS_ADMIN"]
+"""What the reward container keeps for the code sandbox: a uid per slot and bubblewrap's namespaces."""
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -117,8 +117,8 @@ def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, nam
         if component == "redis" and not objects(docs, "StatefulSet", f"{RELEASE}-magic-redis"):
             continue
         spec = pod_spec(docs, kind, component)
-        sandbox_root = component == "reward" and value_set(name).get("reward", {}).get("sandbox", {}).get("isolation", "uid") == "uid"
-        if sandbox_root:  # the one exception: root without privileges beyond changing uid (next test)
+        sandbox_root = component == "reward" and value_set(name).get("reward", {}).get("sandbox", {}).get("enabled", True)
+        if sandbox_root:  # the one exception: the code sandbox's root (next tests)
             assert spec["securityContext"]["runAsNonRoot"] is False and spec["securityContext"]["runAsUser"] == 0
         else:
             assert spec["securityContext"]["runAsNonRoot"] is True
@@ -126,7 +126,8 @@ def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, nam
         assert spec["automountServiceAccountToken"] is False
         for c in spec["containers"]:
             sc = c["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], (component, c["name"])
+            # Kubernetes refuses allowPrivilegeEscalation=false beside CAP_SYS_ADMIN (the sandbox sets no_new_privs itself)
+            assert sc["allowPrivilegeEscalation"] is (True if sandbox_root else False) and sc["capabilities"]["drop"] == ["ALL"], (component, c["name"])
             assert sc["capabilities"].get("add", []) == (SANDBOX_CAPABILITIES if sandbox_root else []), (component, c["name"])
             assert sc["readOnlyRootFilesystem"] is True, (component, c["name"])
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
@@ -332,18 +333,21 @@ def test_weight_transport_is_json_the_services_accept(chart, transport):
         assert sent.master_address == pod_ip and sent.dtype == received.dtype == "float16"
 
 
-def test_reward_sandbox_isolation_decides_root_and_capabilities(chart):
+def test_the_reward_sandbox_has_one_level_or_none(chart):
     def reward(values):
         spec = pod_spec(render(chart, {"reward": {"sandbox": values}}), "Deployment", "reward")
         return spec, container(spec, "reward")
 
-    spec, c = reward({"isolation": "uid", "namespaces": True, "podSecurity": "privileged"})
-    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": SANDBOX_CAPABILITIES + ["SYS_ADMIN"]}
-    assert env(c)["MAGIC_SANDBOX__ISOLATION"] == "uid" and env(c)["MAGIC_SANDBOX__NAMESPACES"] == "true"
-    spec, c = reward({"isolation": "session", "namespaces": False})
+    spec, c = reward({})  # the default: the sandbox, with what bubblewrap needs
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": SANDBOX_CAPABILITIES}
+    annotations = one(render(chart, None), "Deployment", f"{RELEASE}-magic-reward")["spec"]["template"]["metadata"]["annotations"]
+    assert spec["securityContext"]["runAsUser"] == 0 and annotations["container.apparmor.security.beta.kubernetes.io/reward"] == "unconfined"
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}  # allows mount beside CAP_SYS_ADMIN
+    assert env(c)["MAGIC_SANDBOX__ENABLED"] == "true"
+    spec, c = reward({"enabled": False, "podSecurity": "restricted"})  # math only: an ordinary pod
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001
-    assert "add" not in c["securityContext"]["capabilities"]
-    assert env(c)["MAGIC_SANDBOX__ISOLATION"] == "session"
+    assert "add" not in c["securityContext"]["capabilities"] and c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert env(c)["MAGIC_SANDBOX__ENABLED"] == "false"
     # scoring is served beside /metrics: the Service and the pod expose that one port
     assert [p["name"] for p in c["ports"]] == ["metrics"]
     assert "MAGIC_PORT" not in env(c)
@@ -353,19 +357,11 @@ def test_reward_sandbox_fails_closed_where_pod_security_forbids_it_and_scoring_n
     import helm_python as helm
 
     c = container(pod_spec(render(chart, None), "Deployment", "reward"), "reward")
-    assert env(c)["MAGIC_SANDBOX__BWRAP"] == "auto" and env(c)["MAGIC_SANDBOX__SECCOMP"] == "on"
     assert env(c)["MAGIC_API_TOKEN"]["secretKeyRef"]["name"] == f"{RELEASE}-magic-auth"
-    for sandbox, message in (
-        ({"isolation": "uid", "podSecurity": "restricted"}, "set reward.sandbox.isolation=session"),
-        ({"isolation": "uid", "namespaces": True}, "adds CAP_SYS_ADMIN"),
-        ({"isolation": "uid", "bwrap": "on"}, "bwrap=on needs CAP_SYS_ADMIN"),
-    ):
+    for level in ("baseline", "restricted"):  # never a weaker sandbox: a message instead
         with pytest.raises(helm.HelmError) as exc:
-            chart.render(values={"reward": {"sandbox": sandbox}}, name=RELEASE, namespace=NAMESPACE)
-        assert message in str(exc.value), (sandbox, str(exc.value))
-    # the mode that works under "restricted": non-root, no capabilities
-    spec = pod_spec(render(chart, {"reward": {"sandbox": {"isolation": "session", "podSecurity": "restricted"}}}), "Deployment", "reward")
-    assert spec["securityContext"]["runAsNonRoot"] is True and "add" not in container(spec, "reward")["securityContext"]["capabilities"]
+            chart.render(values={"reward": {"sandbox": {"enabled": True, "podSecurity": level}}}, name=RELEASE, namespace=NAMESPACE)
+        assert f'Pod Security "{level}" forbids' in str(exc.value) and "reward.sandbox.enabled=false" in str(exc.value), str(exc.value)
 
 
 def test_service_monitor_can_be_forced_on_or_off(chart):
@@ -398,7 +394,8 @@ INVALID = [
     ({"weightTransport": "nccl", "rollout": {"engine": "torch", "gpus": 0}}, "/rollout/engine"),
     ({"weightTransport": "carrier-pigeon"}, "/weightTransport"),
     ({"weightTransportOptions": {"type": "http"}}, "/weightTransportOptions"),  # the type is weightTransport
-    ({"reward": {"sandbox": {"isolation": "none", "namespaces": False}}}, "/reward/sandbox/isolation"),
+    ({"reward": {"sandbox": {"enabled": True, "isolation": "session"}}}, "/reward/sandbox"),  # one level: no modes to pick
+    ({"reward": {"sandbox": {"enabled": "yes"}}}, "/reward/sandbox/enabled"),
     ({"persistence": {"accessModes": ["ReadWriteOnce"]}}, "/persistence/accessModes"),
     ({"persistence": {"size": "lots"}}, "/persistence/size"),
     ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),

@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,7 +95,7 @@ KILL_PARENT = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint(3
 @pytest.mark.parametrize(
     "name, code, detail",
     [
-        ("fork bomb", FORK_BOMB, "time limit"),
+        ("fork bomb", FORK_BOMB, "limit exceeded"),  # the CPU of all its processes, or the time
         ("thread bomb", THREAD_BOMB, ""),
         ("memory hog", MEMORY_HOG, "MemoryError"),
         ("memory hog in several processes", MEMORY_HOG_PROCESSES, "memory limit exceeded"),
@@ -339,8 +340,8 @@ def run_stdout(verifier, code: str, expected: str):
 @needs_bwrap
 def test_the_sandbox_runs_under_bubblewrap_and_seccomp(sandbox):
     described = sandbox.describe()
-    assert described["bwrap"] and described["seccomp"], described
-    assert described["applied"]["pid"] and described["applied"]["seccomp"]
+    assert described["isolation"] == "bwrap+uid+seccomp", described
+    assert described["applied"]["pid"] and described["applied"]["seccomp"] and described["applied"]["bwrap"]
 
 
 @needs_bwrap
@@ -476,3 +477,145 @@ def test_dangerous_system_calls_are_refused(verifier):
     )
     v = run_stdout(verifier, code, f"{len(SYSCALLS_X86_64)} True True\nfork works")
     assert v.correct, v
+
+
+# -- the classes of the last hostile review: names, decoding, memory, cleanup, CPU, locks -------
+
+
+@pytest.mark.parametrize(
+    "helper, forgery, test",
+    [
+        ("isclose", "def isclose(*a, **k):\n    return True\n", "assert isclose(square(1.5), 2.25)"),
+        ("Counter", "class Counter(dict):\n    def __eq__(self, o):\n        return True\n", "assert Counter(letters('aab')) == Counter('aab')"),
+        ("sqrt", "def sqrt(x):\n    return 3.0\n", "assert sqrt(square(3)) == 3.0"),
+        ("floor", "def floor(x):\n    return 2\n", "assert floor(square(1.5)) == 2"),
+    ],
+)
+def test_a_program_cannot_rebind_the_names_a_test_uses_from_the_prelude(verifier, helper, forgery, test):
+    """`from math import *` and `from collections import *` give assert tests their helpers; a
+    program that redefines one must not decide what the test's comparison says."""
+    wrong = "def square(x):\n    return 0\n\ndef letters(s):\n    return 'zzz'\n" + forgery
+    v, _ = judge(verifier, wrong, json.dumps({"type": "assert", "tests": [test]}))
+    assert v.status is Status.wrong, (helper, v)
+    right = "def square(x):\n    return x * x\n\ndef letters(s):\n    return list(s)\n"
+    assert judge(verifier, right, json.dumps({"type": "assert", "tests": [test]}))[0].correct, helper
+    # a function under test named like a prelude name is still the program's
+    assert judge(verifier, "def add(a, b):\n    return a + b\n", json.dumps({"type": "assert", "tests": ["assert add(2, 3) == 5"]}))[0].correct
+
+
+def test_a_report_that_is_slow_to_decode_costs_the_reward_process_nothing(verifier):
+    """Integers that all hash alike: a set of them is quadratic to build. The program pays for
+    building it within its own limits; the reward process builds no set from a report."""
+    code = (
+        "import time\n"
+        "def make(n):\n"
+        "    out, t0 = set(), time.monotonic()\n"
+        "    k = 1\n"
+        "    while time.monotonic() - t0 < 1.0:\n"
+        "        out.add(k * (2**61 - 1))\n"
+        "        k += 1\n"
+        "    return out\n"
+    )
+    truth = json.dumps({"type": "call", "fn_name": "make", "inputs": [[1]], "outputs": [[1]]})
+    v, elapsed = judge(verifier, code, truth)
+    assert v.status is Status.wrong and "wrong answer" in v.details, v
+    assert elapsed < 1.0 + 1.5, elapsed  # its second of building, and little else
+
+
+def test_big_output_crosses_in_linear_time_and_the_helper_survives(verifier, sandbox):
+    """1 MiB of control characters (the fixture's output limit): sent as bytes, not escaped JSON."""
+    helper = sandbox._slots[0].proc.pid  # noqa: SLF001
+    v, elapsed = judge(verifier, "import sys\nsys.stdout.write('\\x01' * (1 << 20 - 8))\nsys.stdout.flush()")
+    assert v.status is Status.wrong and "wrong answer" in v.details, v
+    assert elapsed < 2.0, elapsed
+    assert sandbox._slots[0].proc.pid == helper  # noqa: SLF001 — not restarted
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers of x86-64")
+def test_memory_the_watcher_cannot_see_is_refused(verifier):
+    """memfd_create files and SysV shared memory are charged to no process's resident memory."""
+    code = (
+        "import ctypes, errno, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "out = []\n"
+        "try:\n    os.memfd_create('x')\n    out.append('memfd')\nexcept OSError as e:\n    out.append(e.errno == errno.EPERM)\n"
+        "ret = libc.syscall(ctypes.c_long(29), ctypes.c_long(0), ctypes.c_long(1 << 20), ctypes.c_long(0o1600))\n"  # shmget(IPC_PRIVATE)
+        "out.append(ret == -1 and ctypes.get_errno() == errno.EPERM)\n"
+        "print(out)"
+    )
+    assert run_stdout(verifier, code, "[True, True]").correct
+
+
+def test_files_in_the_scratch_tmpfs_count_as_the_programs_memory():
+    settings = SandboxSettings(
+        slots=1, root="/tmp/magic-sandbox-test", uid_base=62060, test_timeout_seconds=4, total_timeout_seconds=30,
+        memory_mb=256, total_memory_mb=64, processes=8, file_mb=128, disk_mb=128, max_output_mb=1,
+    )
+    code = "import time\nwith open('/dev/shm/hog', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * (1 << 20))\ntime.sleep(3)\nprint(3)"
+    with Sandbox(settings) as sb:
+        v, elapsed = judge(CodeVerifier(sb), code)
+    assert v.status is Status.wrong and "memory limit" in v.details, v
+    assert elapsed < 3.0, elapsed
+
+
+@pytest.mark.parametrize(
+    "name, ending",
+    [("exit status 121", "import os\nos._exit(121)"), ("a signalling NaN for the judge", "print('sNaN')"), ("a NaN", "print('nan nan')")],
+)
+def test_no_way_out_of_a_test_skips_the_cleanup(verifier, name, ending):
+    dirty = f"import os\nopen('/tmp/left-{os.getpid()}', 'w').write('x')\nopen('/dev/shm/left', 'w').write('x')\n{ending}\n"
+    v, _ = judge(verifier, dirty)
+    assert v.status is Status.wrong, (name, v)
+    leftover = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/dev/shm'))))"
+    assert run_stdout(verifier, leftover, "[]").correct, name
+
+
+def test_no_file_lock_between_samples(verifier):
+    """Concurrent samples share the read-only root: a lock on one of its files would be a channel."""
+    code = (
+        "import fcntl, os, sys\n"
+        "out = []\n"
+        "fd = os.open(sys.executable, os.O_RDONLY)\n"
+        "for lock in (lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB), lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB),\n"
+        "             lambda: fcntl.fcntl(fd, fcntl.F_GETLK, bytes(32))):\n"
+        "    try:\n        lock()\n        out.append('locked')\n    except OSError:\n        out.append('refused')\n"
+        "print(out)"
+    )
+    assert run_stdout(verifier, code, "['refused', 'refused', 'refused']").correct
+
+
+def test_busy_processes_that_leave_their_session_cannot_take_another_slots_cpu(verifier, sandbox):
+    """Processes that each call setsid() and spin: their uid's CPU is counted, so the test stops
+    at the slot's share (`cpu_cores`) instead of starving a concurrent sample."""
+    code = (
+        "import os, time\n"
+        "for _ in range(6):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        while True:\n"
+        "            pass\n"
+        "time.sleep(30)\n"
+    )
+    v, elapsed = judge(verifier, code)
+    assert v.status is Status.wrong and "CPU limit" in v.details, v
+    assert elapsed < 2.0 + 1.0, elapsed  # within the 2 s of a single busy core's slack, not the time limit
+    assert sandbox_child.live_pids(sandbox._slots[0].uid) == []  # noqa: SLF001
+
+
+def test_a_python_installed_under_tmp_stays_importable(tmp_path_factory, monkeypatch):
+    """A virtualenv under /tmp (CI checkouts, `python -m venv /tmp/x`): the sandbox's own /tmp
+    must not hide its site-packages."""
+    from magic.reward.sandbox import runner
+
+    site_dir = Path(tempfile.mkdtemp(prefix="magic-venv-", dir="/tmp")) / "site-packages"
+    site_dir.mkdir()
+    site_dir.parent.chmod(0o755)
+    (site_dir / "magic_probe_module.py").write_text("ANSWER = 3\n")
+    monkeypatch.setattr(runner, "_site_paths", lambda: [str(site_dir)])
+    settings = SandboxSettings(slots=1, root="/tmp/magic-sandbox-test", uid_base=62070, test_timeout_seconds=4, processes=8)
+    try:
+        with Sandbox(settings) as sb:
+            v, _ = judge(CodeVerifier(sb), "import magic_probe_module\nprint(magic_probe_module.ANSWER)", json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["3"]}))
+        assert v.correct, v
+    finally:
+        shutil.rmtree(site_dir.parent, ignore_errors=True)

@@ -4,12 +4,11 @@ solutions (which pass) and broken variants of them (which fail)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from magic.reward.code.verifier import CodeVerifier
-from magic.reward.sandbox.runner import Sandbox
+from magic.reward.sandbox.runner import Sandbox, SandboxError
 from magic.reward.settings import SandboxSettings
 from magic.reward.verdict import Status
 
@@ -144,11 +143,22 @@ def test_broken_human_eval_variants_fail(verifier):
     assert all(v.status is Status.wrong for v in verdicts)
 
 
-def test_session_isolation_runs_programs_without_a_dedicated_uid():
-    with Sandbox(settings(isolation="session", slots=1)) as sandbox:
-        v = CodeVerifier(sandbox)
-        assert v.verify(fenced("a, b = map(int, input().split())\nprint(a + b)"), STDIN).correct
-        slow = v.verify(fenced("while True:\n    pass"), gt(type="stdin_stdout", inputs=[""], outputs=["1"], time_limit_seconds=0.5))
-        assert slow.status is Status.wrong and "time limit" in slow.details
-        assert sandbox.describe()["isolation"] == "session"
-        assert os.getpid() > 0
+def test_there_is_one_isolation_level_and_without_it_the_sandbox_refuses_to_start(tmp_path):
+    """No weaker mode: a service that is not root (it cannot give slots their own uid) or has
+    the sandbox turned off judges no code at all, saying why."""
+    import subprocess
+    import sys
+
+    with Sandbox(settings(slots=1)) as sandbox:
+        assert sandbox.describe()["isolation"] == "bwrap+uid+seccomp"
+    with pytest.raises(SandboxError, match="turned off"):
+        Sandbox(settings(enabled=False))
+    probe = (  # imports first (the interpreter lives under root's home), then a service that is not root
+        "import os\n"
+        "from magic.reward.sandbox.runner import Sandbox, SandboxError\n"
+        "from magic.reward.settings import SandboxSettings\n"
+        "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)\n"
+        f"try:\n    Sandbox(SandboxSettings(root={str(tmp_path / 'nobody')!r}, slots=1))\nexcept SandboxError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "cannot start" in out.stdout and "not root" in out.stdout, out.stdout + out.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -41,36 +40,23 @@ class SandboxSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    enabled: bool = True
+    """Judge code answers. The sandbox needs the service to run as root with CAP_SYS_ADMIN (the
+    chart's reward pod under Pod Security "privileged"); where it cannot start, the service
+    refuses to judge code (verdict `error`) rather than run untrusted programs less confined.
+    false turns code judging off on purpose (math-only deployments)."""
     slots: int = Field(default_factory=_cpu_count, ge=1, le=256)
-    """Programs run at once; each slot has its own uid, working directory and helper process."""
-    isolation: Literal["auto", "uid", "session"] = "auto"
-    """"uid" runs each slot's programs as a dedicated unprivileged user (needs root or
-    CAP_SETUID/CAP_SETGID); "session" only puts them in their own session (weaker: see
-    docs/reward.md); "auto" picks "uid" when the service runs as root."""
+    """Programs run at once; each slot has its own uid, scratch space and helper process."""
+    cpu_cores: float = Field(default=1.0, gt=0, le=256)
+    """CPU one slot's programs may use together: a test whose processes (every process of the
+    slot's uid, forked or `setsid`) used more than `cpu_cores` x its elapsed time + 1 s of CPU
+    is stopped (`cpu_limit`), so one sample cannot starve the others."""
     uid_base: int = Field(default=61000, ge=1000, le=2**31 - 2)
     """First uid (and gid) of the range the slots' users come from; no other process may use it."""
     uid_count: int = Field(default=256, ge=1, le=65536)
     """Size of that range; slots of several reward processes on one host share it through lock files."""
     root: Path = Path("/tmp/magic-sandbox")
-    """Directory for lock files and per-slot working directories (created root-owned, mode 0711)."""
-    bwrap: Literal["auto", "on", "off"] = "auto"
-    """Start each slot's helper under bubblewrap (`magic.reward.sandbox.confine`): a minimal read-only
-    root of its own, private /tmp and /dev/shm, new PID, network, IPC and UTS namespaces. "auto"
-    uses it when it works here (logged otherwise) and falls back to `namespaces`; "on" refuses
-    to start without it."""
-    seccomp: Literal["auto", "on", "off"] = "auto"
-    """Load the seccomp filter of `magic.reward.sandbox.confine` (with no_new_privs) in every slot:
-    no namespaces, mounts, ptrace, keyrings, bpf, perf_event_open. "auto" skips it (logged)
-    where libseccomp or its binding is missing; "on" refuses to start without it."""
-    namespaces: bool = True
-    """Without bubblewrap, when running as root: give each slot its own network (nothing
-    reachable), mount (private /tmp, hidden secrets) and IPC namespace."""
-    hidden_paths: list[str] = Field(default_factory=lambda: ["/var/run/secrets", "/run/secrets", "/root", "/home"])
-    """Directories replaced by an empty read-only tmpfs inside the sandbox (`namespaces` only;
-    under bubblewrap nothing of the host but /usr and Python is visible)."""
-    private_tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"])
-    """World-writable directories replaced by the slot's private scratch space (`namespaces`
-    only; under bubblewrap /tmp and /dev/shm are the only writable places)."""
+    """Directory for lock files and the helper's private copy (created root-owned, mode 0711)."""
     test_timeout_seconds: float = Field(default=6.0, gt=0, le=600)
     """Wall-clock limit of one test (LiveCodeBench and Skywork-OR1 use 6 s); a test's own
     `time_limit_seconds` in the ground truth overrides it."""
@@ -79,15 +65,16 @@ class SandboxSettings(BaseModel):
     memory_mb: int = Field(default=1024, ge=64)
     """Address-space limit of each process of the program (RLIMIT_AS)."""
     total_memory_mb: int = Field(default=2048, ge=64)
-    """Resident memory of all the program's processes together; the test is killed past it
-    (checked every 50 ms)."""
+    """Memory of all the program's processes together, counted as the kernel charges it:
+    resident memory of the slot's processes plus what its tmpfs hold; the test is stopped past
+    it (checked every 50 ms)."""
     processes: int = Field(default=32, ge=1, le=4096)
     """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
     file_mb: int = Field(default=64, ge=1)
     """Largest file the program may write (RLIMIT_FSIZE)."""
     disk_mb: int = Field(default=128, ge=1)
-    """Size of the slot's private scratch space (a tmpfs; under bubblewrap /tmp and /dev/shm
-    have this size each)."""
+    """Size of each of the slot's private tmpfs, /tmp and /dev/shm (counted as the program's
+    memory too)."""
     open_files: int = Field(default=256, ge=16, le=65536)
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     max_output_mb: float = Field(default=8.0, gt=0, le=1024)

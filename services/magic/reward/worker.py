@@ -128,11 +128,18 @@ def _warm_up(scorer: Scorer) -> None:
     except Exception:  # noqa: BLE001 — stays not ready; the log says why
         log.exception("the math verifier failed its self-check; the service stays not ready")
         return
+    if not scorer.settings.sandbox.enabled:
+        log.warning("the code sandbox is turned off (MAGIC_SANDBOX__ENABLED=false): code samples will be judged ERROR")
+        return
+    from magic.reward.sandbox.runner import SandboxError  # loaded with the sandbox, as in `Scorer.code_verifier`
+
     try:
         scorer.code_verifier()
         scorer.warm_up(sandbox=True)
         log.info("verifiers ready; sandbox: %s", scorer.code_verifier().sandbox.describe())
-    except Exception:  # noqa: BLE001 — math still works; code samples will get verdict ERROR
+    except SandboxError as exc:  # math still works; code samples will get verdict ERROR
+        log.error("%s; code samples will be judged ERROR", exc)
+    except Exception:  # noqa: BLE001 — likewise, with the traceback
         log.exception("the code sandbox failed its self-check; code samples will be judged ERROR")
 
 

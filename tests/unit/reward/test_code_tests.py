@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import time
 
 import pytest
 
@@ -80,11 +81,29 @@ def test_stdout_comparison_follows_livecodebench(out, expected, equal):
 def test_call_comparison_and_wire_round_trip():
     assert call_matches((1, 2), [1, 2]) and not call_matches([(1, 2)], [[1, 2]])
     assert call_matches(True, 1)  # Python's == (as LiveCodeBench)
-    wire = {"$t": [1, {"$s": [2, 3]}, {"$d": [[{"$t": [1]}, "x"]]}, {"$b": "ff"}, {"$c": [1.0, 2.0]}]}
-    assert from_wire(wire) == (1, {2, 3}, {(1,): "x"}, b"\xff", 1 + 2j)
+    value = (1, {2, 3}, {(1,): "x"}, b"\xff", 1 + 2j, {"k": [1.5]})
+    wire = json.loads(json.dumps(plain(value)))
+    assert unplain(wire) == value  # the judge's decoding: every type as itself
     for bad in ({"$x": 1}, {"$t": 1}, {"$s": [[1]]}, {"a": 1, "b": 2}, {"$d": [[[1], 2]]}):
         with pytest.raises(WireError):
+            unplain(bad)
+    for bad in ({"$x": 1}, {"$t": 1}, {"a": 1, "b": 2}, {"$s": [{"$x": 1}]}, {"$d": [[1, {"$t": 1}]]}):
+        with pytest.raises(WireError):
             from_wire(bad)
+
+
+def test_the_reward_process_decodes_reports_without_hashing_what_the_program_chose():
+    """A set of integers that all hash alike takes quadratic time to build: the reward process
+    builds no set, and no dict but with (salted) str keys; no JSON ground truth equals those."""
+    decoded = from_wire(json.loads(json.dumps(plain((1, {2, 3}, {(1,): "x"}, b"\xff", 1 + 2j, {"k": [1.5]})))))
+    assert decoded[0] == 1 and decoded[4] == 1 + 2j and decoded[5] == {"k": [1.5]}
+    assert [repr(v) for v in decoded[1:4]] == ["<set>", "<dict with non-string keys>", "<bytes>"]
+    assert not call_matches(decoded[1], [2, 3]) and not call_matches(decoded[2], {"(1,)": "x"})
+    collide = 2**61 - 1  # n * (2**61 - 1) all hash to 0
+    report = json.dumps({"$s": [k * collide for k in range(1, 200_001)]})  # as `plain` reports such a set
+    t0 = time.perf_counter()
+    assert not call_matches(from_wire(json.loads(report)), [])
+    assert time.perf_counter() - t0 < 5.0  # built as a set: minutes
 
 
 def test_references_cross_the_wire_as_numbers_only():

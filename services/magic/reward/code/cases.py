@@ -36,15 +36,13 @@ Judging follows LiveCodeBench's ``testing_util.py``:
 
 from __future__ import annotations
 
-import ast
 import json
-from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from magic.reward.sandbox.child import WireError, unplain
+from magic.reward.sandbox.child import WireError
 
 __all__ = ["WireError"]  # raised by from_wire and read_reports; defined with the wire format
 
@@ -165,10 +163,17 @@ def _lines(text: str) -> list[str]:
 
 
 def _decimals(line: str) -> list[Decimal] | None:
+    """The line's tokens as decimals; None unless every token is a number (NaN, signalling or
+    not, is no number: it equals nothing).
+
+    >>> _decimals("1 2.50"), _decimals("sNaN 1"), _decimals("NaN")
+    ([Decimal('1'), Decimal('2.50')], None, None)
+    """
     try:
-        return [Decimal(tok) for tok in line.split()]
+        values = [Decimal(tok) for tok in line.split()]
     except (InvalidOperation, ValueError):
         return None
+    return None if any(v.is_nan() for v in values) else values
 
 
 def stdout_matches(output: str, expected: str) -> tuple[bool, str]:
@@ -198,14 +203,61 @@ def stdout_matches(output: str, expected: str) -> tuple[bool, str]:
 # -- call: values as plain data ------------------------------------------------------------------
 
 
-def from_wire(obj: Any) -> Any:
-    """Decode plain data reported by the sandbox (tagged tuples, sets, dicts, bytes, complex);
-    WireError if malformed. One home: `sandbox_child.unplain`, shared with the judge.
+class _Unmatched:
+    """A reported value that no JSON value can equal (a set, bytes, a dict keyed by non-strings):
+    kept opaque instead of being built, so the reward process never hashes values the program
+    chose (a set of integers that all hash alike would take quadratic time to build)."""
 
-    >>> from_wire({"$t": [1, {"$s": ["a"]}]})
-    (1, {'a'})
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __eq__(self, other) -> bool:
+        return False
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"<{self.kind}>"
+
+
+def from_wire(obj: Any, depth: int = 0) -> Any:
+    """Decode a value a program reported (`sandbox_child.plain`'s tagged form), in time linear
+    in its size, for comparison with a ground truth that is JSON: lists, str-keyed dicts,
+    numbers, strings, tuples (a top-level tuple counts as a list) and complex numbers come out
+    as themselves; sets, bytes and dicts with other keys, which no JSON value equals, come out
+    opaque (`_Unmatched`). WireError if malformed.
+
+    >>> from_wire({"$t": [1, {"$d": [["a", 2.5]]}]})
+    (1, {'a': 2.5})
+    >>> from_wire({"$s": [1, 2]}) == [1, 2], from_wire({"$d": [[1, 2]]}) == {"1": 2}
+    (False, False)
     """
-    return unplain(obj)
+    if depth > 200:
+        raise WireError("data nested too deeply")
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if type(obj) is list:
+        return [from_wire(v, depth + 1) for v in obj]
+    if type(obj) is dict and len(obj) == 1:
+        ((tag, v),) = obj.items()
+        if tag == "$t" and type(v) is list:
+            return tuple(from_wire(x, depth + 1) for x in v)
+        if tag == "$d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+            if all(type(k) is str for k, _ in v):  # str hashes are salted per process: no collisions to forge
+                return {k: from_wire(x, depth + 1) for k, x in v}
+            for k, x in v:
+                from_wire(k, depth + 1), from_wire(x, depth + 1)  # still well-formed
+            return _Unmatched("dict with non-string keys")
+        if tag in ("$s", "$fs", "$b") and type(v) in (list, str):
+            if type(v) is list:
+                for x in v:
+                    from_wire(x, depth + 1)
+            return _Unmatched({"$s": "set", "$fs": "frozenset", "$b": "bytes"}[tag])
+        if tag == "$c" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
+            return complex(float(v[0]), float(v[1]))
+    raise WireError(f"not plain data: {type(obj).__name__}")
 
 
 def call_matches(value: Any, expected: Any) -> bool:

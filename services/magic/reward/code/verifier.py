@@ -25,7 +25,6 @@ from magic.reward.code.cases import (
     AssertTests,
     CallTests,
     GroundTruthError,
-    WireError,
     call_matches,
     from_wire,
     parse_ground_truth,
@@ -75,6 +74,8 @@ def _failure(run: TestRun, limit: float) -> str | None:
         return "output limit exceeded"
     if run.status == "memory_limit":
         return "memory limit exceeded (all processes together)"
+    if run.status == "cpu_limit":
+        return "CPU limit exceeded (more than the slot's cores, all processes together)"
     if run.status == "crashed":
         last = run.stderr.strip().splitlines()[-1:] or [""]
         if run.signal is not None:
@@ -116,8 +117,8 @@ class CodeVerifier:
             if why is None:
                 try:
                     why = judge(test, run)
-                except (WireError, ValueError, TypeError, RecursionError) as exc:
-                    why = f"malformed output ({str(exc)[:80]})"
+                except Exception as exc:  # noqa: BLE001 — output the judge cannot read (malformed, NaN, too deep) fails the test
+                    why = f"malformed output ({type(exc).__name__}: {str(exc)[:80]})"
             if why:
                 reasons.append(f"test {run.index + 1}/{len(tests)}: {why}")
             return why is None

@@ -27,6 +27,7 @@ Test kinds (what the grandchild runs after the LiveCodeBench prelude):
 
 from __future__ import annotations
 
+import ast
 import builtins
 import ctypes
 import json
@@ -36,12 +37,7 @@ import select
 import signal
 import sys
 import time
-import types
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 36, 4, 38, 22, 2
 
 PRELUDE_MODULES = (
@@ -61,52 +57,23 @@ def _check(ret: int, what: str) -> None:
         raise OSError(e, f"{what}: {os.strerror(e)}")
 
 
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(
-        _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, ctypes.c_ulong(flags), data.encode() if data else None),
-        f"mount {target}",
-    )
-
-
 # -- isolation (once per slot, as root when the service runs as root) ------------------------
 
 
 def setup(cfg: dict) -> dict:
-    """Apply the slot's isolation; returns what was actually applied."""
-    applied: dict = {"uid": None, "network": False, "mounts": False, "ipc": False, "pid": False, "bwrap": False, "seccomp": False}
+    """Prepare the slot (bubblewrap already made its root, namespaces and scratch tmpfs): the
+    helper reaps every orphan, cannot be inspected, imports the prelude's modules once (every
+    forked test starts warm) and loads the seccomp filter every program and judge inherits."""
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a test come back to us to be reaped
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     sys.path.extend(p for p in cfg.get("site_paths", []) if p not in sys.path)
-    root = os.geteuid() == 0
-    workdir = cfg["workdir"]
-    if cfg.get("bwrap"):  # bubblewrap made the root, the namespaces and the scratch tmpfs
-        applied.update(network=True, mounts=True, ipc=True, pid=True, bwrap=True)
-    elif root and cfg.get("namespaces", True):
-        flags = CLONE_NEWNS | CLONE_NEWIPC | (CLONE_NEWNET if cfg.get("network_isolation", True) else 0)
-        if _libc.unshare(flags) == 0:
-            applied["network"] = bool(flags & CLONE_NEWNET)
-            applied["ipc"] = True
-            _mount("none", "/", None, MS_REC | MS_PRIVATE)
-            uid = cfg.get("uid")
-            opts = f"size={cfg['disk_bytes']},mode=0700" + (f",uid={uid},gid={cfg['gid']}" if uid is not None else "")
-            _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-            scratch = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
-            for shared in cfg.get("private_tmp_dirs", []):  # /tmp, /var/tmp, /dev/shm -> the slot's tmpfs
-                if os.path.isdir(shared):
-                    _mount(f"/proc/self/fd/{scratch}", shared, None, MS_BIND)
-                    if cfg["workdir"] == workdir:
-                        cfg["workdir"] = shared  # the scratch space under a path that still resolves
-            os.close(scratch)
-            applied["hidden"] = _cover(cfg.get("hidden_paths", []))
-            applied["mounts"] = True
-    if root and cfg.get("uid") is not None:
-        applied["uid"] = cfg["uid"]
-    for name in PRELUDE_MODULES:  # imported once here, so every forked test starts warm
+    if os.geteuid() != 0 or not cfg.get("uid"):
+        raise OSError("the helper must run as root and be given the slot's uid")
+    for name in PRELUDE_MODULES:
         __import__(name)
-    if cfg.get("seccomp"):
-        load_seccomp(bytes.fromhex(cfg["seccomp"]))
-        applied["seccomp"] = True
-    applied["workdir"] = cfg["workdir"]
-    return applied
+    load_seccomp(bytes.fromhex(cfg["seccomp"]))
+    cfg["program_bpf"] = bytes.fromhex(cfg["program_seccomp"])
+    return {"uid": cfg["uid"], "network": True, "mounts": True, "ipc": True, "pid": True, "bwrap": True, "seccomp": True, "workdir": cfg["workdir"]}
 
 
 class _SockFprog(ctypes.Structure):
@@ -122,47 +89,6 @@ def load_seccomp(bpf: bytes) -> None:
     prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
-
-
-def _python_dirs() -> list[str]:
-    """The directories the interpreter reads: its prefixes and its import path."""
-    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p and os.path.isdir(p)}
-    return sorted(d for d in dirs if not any(d != o and d.startswith(o + os.sep) for o in dirs))
-
-
-def _closed_ancestor(path: str) -> str | None:
-    """The topmost ancestor of `path` that other users cannot enter (pyenv under a 0700 /root)."""
-    parts = path.strip(os.sep).split(os.sep)
-    for k in range(1, len(parts)):
-        ancestor = os.sep + os.sep.join(parts[:k])
-        if not os.stat(ancestor).st_mode & 0o001:
-            return ancestor
-    return None
-
-
-def _cover(hidden: list[str]) -> list[str]:
-    """Cover each hidden directory, and each closed directory on the way to the interpreter, with
-    an empty read-only tmpfs; bind the interpreter's own directories back inside it."""
-    python = _python_dirs()
-    covers = {os.path.realpath(h) for h in hidden if os.path.isdir(h)}
-    covers |= {c for d in python if (c := _closed_ancestor(d))}
-    done = []
-    for cover in sorted(covers, key=len):
-        if any(cover.startswith(c + os.sep) for c in done):
-            continue
-        keep = [(d, os.open(d, os.O_RDONLY | os.O_DIRECTORY)) for d in python if d.startswith(cover + os.sep)]
-        _mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for d, fd in keep:
-            old_umask = os.umask(0o022)
-            try:
-                os.makedirs(d, mode=0o755, exist_ok=True)
-            finally:
-                os.umask(old_umask)
-            _mount(f"/proc/self/fd/{fd}", d, None, MS_BIND | MS_REC)
-            os.close(fd)
-        _mount("tmpfs", cover, None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0755")
-        done.append(cover)
-    return done
 
 
 # -- plain data --------------------------------------------------------------------------------
@@ -241,7 +167,9 @@ def unplain(obj, depth: int = 0, ref=None):
 # -- the grandchild: one test, untrusted code --------------------------------------------------
 
 
-def _drop_privileges(limits: dict, uid, gid) -> None:
+def _drop_privileges(limits: dict, uid: int, gid: int, program_bpf: bytes) -> None:
+    """Become the slot's uid with the program's limits and seccomp filter; raises (and the
+    program never runs) if any of it cannot be applied."""
     os.setsid()
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -252,16 +180,13 @@ def _drop_privileges(limits: dict, uid, gid) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nproc = limits["processes"]
-    if uid is None:  # no dedicated uid: the limit counts every process of this user
-        nproc += _count_processes(os.getuid())
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        if os.getresuid() != (uid, uid, uid) or os.getuid() == 0:
-            os._exit(121)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        raise OSError("could not drop privileges to the slot's uid")
+    load_seccomp(program_bpf)
     os.chdir(limits["workdir"])
     os.environ.clear()
     os.environ.update(limits["env"])
@@ -507,20 +432,23 @@ def _judge(job: dict, test: dict, request_fd: int, reply_fd: int, report_fd: int
     """The trusted side of an assert test: run the test code, with every name the program
     defined standing for a `_Remote`; report completion only if the code ran to its end.
 
-    The program cannot reach this process (another uid, or not dumpable; no ptrace under the
-    seccomp filter): all it can do is answer requests with data. The builtins and the prelude's
-    modules keep their own meaning whatever the program defines; the program's names take the
-    place of the prelude's other names (``add`` of ``from operator import *``), as they would
-    in the program's own namespace."""
+    The program cannot reach this process (another uid, not dumpable; no ptrace under the
+    seccomp filter): all it can do is answer requests with data. The builtins, the prelude's
+    names (``isclose``, ``Counter``, ``sqrt``...) and modules keep their own meaning whatever the
+    program defines, except for the functions under test (`_under_test`): a program cannot make
+    a test's own helpers say what it likes."""
     channel = _Channel(request_fd, reply_fd)
     names = channel.receive().get("names")
     if type(names) is not dict:
         raise WireError("the program did not say what it defines")
     tests = {"__name__": "__test__", "__builtins__": dict(_PRISTINE_BUILTINS)}
     exec(compile(job["prelude"], "prelude.py", "exec"), tests)
+    prelude = set(tests) | set(_PRISTINE_BUILTINS)
+    under_test = _under_test(test["code"], job.get("entry_point"), {n for n in names if type(n) is str}, prelude)
     for name, desc in names.items():
-        kept = name in _PRISTINE_BUILTINS or type(tests.get(name)) is types.ModuleType
-        if type(name) is not str or type(desc) is not dict or kept or name.startswith("__"):
+        if type(name) is not str or type(desc) is not dict or name.startswith("__"):
+            continue
+        if name in prelude and name not in under_test:
             continue
         if "module" in desc:
             module = sys.modules.get(desc["module"]) if type(desc["module"]) is str else None
@@ -541,6 +469,28 @@ def _judge(job: dict, test: dict, request_fd: int, reply_fd: int, report_fd: int
         raise AssertionError(_failed_line(exc, test["code"])) from None
     _report(report_fd, {"completed": True})
     return 0
+
+
+def _under_test(code: str, entry_point: str | None, defined: set[str], prelude: set[str]) -> set[str]:
+    """The program's names a test exercises: the entry point (HumanEval's ``check(candidate)``);
+    else the names the test code uses that the program defines beyond the prelude; else (the
+    function under test is named like a prelude name, ``add``) the program's names it uses.
+
+    >>> sorted(_under_test("assert isclose(area(2), 12.56, rel_tol=1e-3)", None, {"area", "isclose"}, {"isclose"}))
+    ['area']
+    >>> sorted(_under_test("assert add(1, 2) == 3", None, {"add"}, {"add"}))
+    ['add']
+    >>> sorted(_under_test("def check(c): assert c(1) == 2", "inc", {"inc", "floor"}, {"floor"}))
+    ['inc']
+    """
+    if entry_point:
+        return {entry_point}
+    try:
+        used = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        used = set()
+    own = (used & defined) - prelude
+    return own or (used & defined)
 
 
 def _failed_line(exc: BaseException, code: str) -> str:
@@ -596,18 +546,71 @@ def _limit_judge(limits: dict) -> None:
 
 
 
-MEMORY_CHECK_SECONDS = 0.05
+USAGE_CHECK_SECONDS = 0.05
+CPU_SLACK_SECONDS = 1.0
+"""CPU a test may use beyond `cpu_cores` x its elapsed time (interpreter start-up, bursts)."""
 
 
-def _collect(pid: int, fds: dict[str, int], limits: dict, owner, until: set[str] | None = None) -> dict:
+class _Usage:
+    """What the slot's programs use together, counted as the kernel charges it: memory is the
+    resident memory of every process of the slot's uid plus what its tmpfs (/tmp, /dev/shm)
+    hold; CPU is the user and system time of every process of the uid, with the time of those
+    already reaped (which their parent, or this helper, then carries). A process cannot leave
+    its uid, so `setsid()` or a double fork escapes neither."""
+
+    def __init__(self, uid: int, scratch_dirs: list[str]):
+        self.uid, self.scratch = uid, scratch_dirs
+        self.page, self.tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
+        self.t0, self.reaped0 = time.monotonic(), self._reaped()
+
+    @staticmethod
+    def _reaped() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    def sample(self) -> tuple[int, float]:
+        """(memory in bytes, CPU seconds since the test started)."""
+        memory, ticks = 0, 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != self.uid:
+                    continue
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+                fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is the 3rd field, state
+                ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # utime stime cutime cstime
+                memory += int(fields[21]) * self.page  # rss
+            except (OSError, ValueError, IndexError):
+                continue
+        for d in self.scratch:
+            try:
+                st = os.statvfs(d)
+            except OSError:
+                continue
+            memory += (st.f_blocks - st.f_bfree) * st.f_frsize
+        return memory, ticks / self.tick + self._reaped() - self.reaped0
+
+    def over(self, limits: dict) -> str | None:
+        """"memory_limit" or "cpu_limit" when the programs are over their limits now."""
+        memory, cpu = self.sample()
+        if memory > limits["total_memory_bytes"]:
+            return "memory_limit"
+        if cpu > limits["cpu_cores"] * (time.monotonic() - self.t0) + CPU_SLACK_SECONDS:
+            return "cpu_limit"
+        return None
+
+
+def _collect(pid: int, fds: dict[str, int], limits: dict, usage: _Usage, until: set[str] | None = None) -> dict:
     """Read the pipes until `pid` exits (after closing the pipes named in `until`, all when
-    None), the time runs out, the output overflows or the program's processes together hold
-    more than `limits["total_memory_bytes"]` of resident memory."""
+    None), the time runs out, the output overflows or the program's processes together are
+    over their memory or CPU (`_Usage`)."""
     bufs = {name: bytearray() for name in fds}
     open_fds = {fd: name for name, fd in fds.items()}
     deadline = time.monotonic() + limits["test_timeout"]
-    max_bytes, max_rss = limits["max_output_bytes"], limits["total_memory_bytes"]
-    next_check = time.monotonic() + MEMORY_CHECK_SECONDS
+    max_bytes = limits["max_output_bytes"]
+    next_check = time.monotonic() + USAGE_CHECK_SECONDS
     status = "ok"
     while status == "ok":
         now = time.monotonic()
@@ -615,9 +618,10 @@ def _collect(pid: int, fds: dict[str, int], limits: dict, owner, until: set[str]
             status = "timeout"
             break
         if now >= next_check:
-            next_check = now + MEMORY_CHECK_SECONDS
-            if resident_bytes(owner) > max_rss:
-                status = "memory_limit"
+            next_check = now + USAGE_CHECK_SECONDS
+            over = usage.over(limits)
+            if over:
+                status = over
                 break
         if not open_fds or (until is not None and not until & set(open_fds.values())):
             done, wstatus = os.waitpid(pid, os.WNOHANG)  # output closed: wait for the exit
@@ -668,26 +672,6 @@ def _drain(open_fds: dict[int, str], bufs: dict[str, bytearray]) -> None:
         del open_fds[fd]
 
 
-def resident_bytes(owner: tuple[str, int]) -> int:
-    """Resident memory of every process of a uid (``("uid", n)``) or session (``("sid", n)``)."""
-    kind, ident = owner
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if kind == "uid" and os.stat(f"/proc/{name}").st_uid != ident:
-                continue
-            if kind == "sid" and os.getsid(int(name)) != ident:
-                continue
-            with open(f"/proc/{name}/statm") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def _decode_status(wstatus: int) -> tuple[int | None, int | None]:
     if os.WIFSIGNALED(wstatus):
         return None, os.WTERMSIG(wstatus)
@@ -695,18 +679,6 @@ def _decode_status(wstatus: int) -> tuple[int | None, int | None]:
 
 
 # -- cleaning up after a test ------------------------------------------------------------------
-
-
-def _count_processes(uid: int) -> int:
-    n = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += 1
-            except OSError:
-                pass
-    return n
 
 
 def live_pids(uid: int) -> list[int]:
@@ -754,18 +726,6 @@ def kill_uid(uid: int) -> int:
     return killed
 
 
-def _kill_session(pid: int) -> None:
-    """Without a dedicated uid: kill the grandchild's session (a program that calls setsid() and
-    forks escapes this; see the sandbox module's documentation)."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.getsid(int(name)) == pid:
-                    os.kill(int(name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
-
-
 def _reap() -> None:
     while True:
         try:
@@ -789,27 +749,6 @@ def _clean_workdir(workdir: str) -> None:
             pass
 
 
-def _sweep_shared_dirs(uid: int, dirs: list[str]) -> None:
-    """Without a mount namespace: delete what the slot's uid left in world-writable directories."""
-    import shutil
-
-    for d in dirs:
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-
-
 # -- the loop ----------------------------------------------------------------------------------
 
 
@@ -829,8 +768,9 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
     """Run one test: the program in a fresh process with the slot's identity and limits; for an
     assert test also the judge, in a fresh process the program cannot reach."""
     limits = dict(job["limits"], workdir=cfg["workdir"], env=cfg["env"])
-    uid, gid, kind = cfg.get("uid"), cfg.get("gid"), job["kind"]
+    uid, gid, kind = cfg["uid"], cfg["gid"], job["kind"]
     stdin_fd = _stdin(test["input"] if kind == "stdin_stdout" else None)
+    usage = _Usage(uid, cfg["scratch_dirs"])
     null = os.open(os.devnull, os.O_WRONLY)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -841,7 +781,7 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
         ans_r, ans_w = os.pipe()
 
         def program() -> int:
-            _drop_privileges(limits, uid, gid)
+            _drop_privileges(limits, uid, gid, cfg["program_bpf"])
             return _grandchild(job, test, 3, 4)
 
         def judge() -> int:
@@ -857,7 +797,7 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
     else:
 
         def program() -> int:
-            _drop_privileges(limits, uid, gid)
+            _drop_privileges(limits, uid, gid, cfg["program_bpf"])
             return _grandchild(job, test, 3, None)
 
         os.dup2(rep_w, 103)
@@ -872,7 +812,7 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
     else:
         os.close(out_r)
     waited = judge_pid or pid
-    got = _collect(waited, fds, job["limits"], ("uid", uid) if uid is not None else ("sid", pid), until={"report"} if judge_pid else None)
+    got = _collect(waited, fds, job["limits"], usage, until={"report"} if judge_pid else None)
     seconds = time.monotonic() - t0
     if not got["pid_done"]:
         os.kill(waited, signal.SIGKILL)
@@ -882,21 +822,12 @@ def run_test(job: dict, test: dict, cfg: dict) -> dict:
         got["exit"], got["signal"] = _decode_status(wstatus)
     if judge_pid:  # the program's part is over: it answers no more calls
         _end(pid, grace=0.2)
-    leftovers = kill_uid(uid) if uid is not None else (_kill_session(pid) or 0)
+    leftovers = kill_uid(uid)
     _reap()
     bufs = got["bufs"]
-    return {
-        "op": "result",
-        "i": test["i"],
-        "status": got["status"],
-        "exit": got["exit"],
-        "signal": got["signal"],
-        "seconds": round(seconds, 6),
-        "stdout": bufs.get("stdout", b"").decode("utf-8", "replace"),
-        "report": bufs["report"].decode("utf-8", "replace"),
-        "stderr": bytes(bufs["stderr"]).decode("utf-8", "replace"),
-        "leftovers": leftovers,
-    }
+    header = {"op": "result", "i": test["i"], "status": got["status"], "exit": got["exit"], "signal": got["signal"]}
+    header.update(seconds=round(seconds, 6), leftovers=leftovers)
+    return header, {name: bytes(bufs.get(name, b"")) for name in ("stdout", "report", "stderr")}
 
 
 def _end(pid: int, grace: float) -> None:
@@ -918,10 +849,17 @@ class _Gone(Exception):
     """The reward process closed its end."""
 
 
-def _send(obj: dict) -> None:
+def _send(obj: dict, blobs: dict[str, bytes] | None = None) -> None:
+    """One reply: a JSON header line, then the raw bytes of `blobs`, their sizes in the header
+    (the program's output is never escaped into JSON: it crosses as it was written)."""
+    blobs = blobs or {}
+    header = dict(obj, blobs=[[name, len(data)] for name, data in blobs.items()])
     try:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
+        out = sys.stdout.buffer
+        out.write((json.dumps(header) + "\n").encode())
+        for data in blobs.values():
+            out.write(data)
+        out.flush()
     except (BrokenPipeError, OSError) as exc:
         raise _Gone from exc
 
@@ -934,7 +872,7 @@ def main() -> int:
         _serve(cfg)
     except _Gone:
         pass
-    if cfg.get("uid") is not None:  # the service went away: leave nothing behind
+    if cfg.get("uid"):  # the service went away: leave nothing behind
         kill_uid(cfg["uid"])
         _reap()
     return 0
@@ -942,25 +880,26 @@ def main() -> int:
 
 def _serve(cfg: dict) -> None:
     job: dict | None = None
-    applied: dict = {}
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg.get("op")
         if op == "setup":
             cfg.update(msg)
-            applied = setup(cfg)
+            try:
+                applied = setup(cfg)
+            except Exception as exc:  # noqa: BLE001 — the reward process says why the slot cannot start
+                _send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]})
+                return
             _send({"op": "ready", "applied": applied})
         elif op == "job":
             job = msg
         elif op == "test":
-            _send(run_test(job, msg, cfg))
-        elif op == "end":
-            killed = kill_uid(cfg["uid"]) if cfg.get("uid") is not None else 0
+            _send(*run_test(job, msg, cfg))
+        elif op == "end":  # whatever the program did: no process of the uid, empty scratch space
+            killed = kill_uid(cfg["uid"])
             _reap()
-            for scratch in cfg["scratch_dirs"] if cfg.get("bwrap") else [cfg["workdir"]]:
+            for scratch in cfg["scratch_dirs"]:
                 _clean_workdir(scratch)
-            if cfg.get("uid") is not None and not applied.get("mounts"):
-                _sweep_shared_dirs(cfg["uid"], cfg.get("private_tmp_dirs", []))
             job = None
             _send({"op": "clean", "killed": killed})
         elif op == "quit":

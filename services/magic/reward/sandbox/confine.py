@@ -14,6 +14,13 @@
   ``perf_event_open``, ``userfaultfd``, ``io_uring``, module and kexec loading, and the
   system-wide knobs (clock, swap, reboot, accounting). System calls of another ABI (32-bit
   ``int 0x80``) kill the process.
+* `program_seccomp_bpf` — stacked on it in every program's process: no memory the watcher
+  cannot see (``memfd_create``, ``memfd_secret``, SysV ``shmget``) and no file locks
+  (``flock``; ``fcntl`` lock commands), which concurrent samples could signal each other
+  through on the read-only files they share.
+
+There is one level of confinement: the service runs as root and bubblewrap can make its
+namespaces (CAP_SYS_ADMIN; the chart's reward pod), or the sandbox does not start.
 """
 
 from __future__ import annotations
@@ -39,9 +46,13 @@ DENIED_SYSCALLS = (
 """Refused with EPERM (see the module docstring)."""
 CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone() with any is refused."""
+PROGRAM_DENIED_SYSCALLS = ("memfd_create", "memfd_secret", "shmget", "flock")
+"""Refused (EPERM) to programs on top of DENIED_SYSCALLS (see the module docstring)."""
+FCNTL_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38)
+"""F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW: fcntl() with any is refused to programs."""
 HELPER_CAPABILITIES = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
-"""What the helper keeps under bubblewrap when the service is root: switching to the slot's uid,
-stopping its processes and removing whatever the program left in its scratch directories. Programs have none."""
+"""What the helper keeps under bubblewrap: switching to the slot's uid, stopping its processes
+and removing whatever the program left in its scratch directories. Programs have none."""
 HELPER_PATH = "/run/magic/sandbox_child.py"
 """Where the helper's source appears inside the sandbox."""
 
@@ -50,26 +61,48 @@ class ConfinementError(RuntimeError):
     """The requested confinement is not available here; the message says what is missing."""
 
 
-@lru_cache(maxsize=1)
-def seccomp_bpf() -> bytes:
-    """The filter as a BPF program (``struct sock_filter[]``), compiled by libseccomp."""
+def _filter():
     try:
         import pyseccomp as sc
     except (ImportError, OSError) as exc:  # OSError: libseccomp.so.2 missing
         raise ConfinementError(f"seccomp needs libseccomp and its Python binding pyseccomp ({exc})") from None
-    f = sc.SyscallFilter(sc.ALLOW)
-    for name in DENIED_SYSCALLS:
+    return sc, sc.SyscallFilter(sc.ALLOW)
+
+
+def _deny(sc, f, names: Iterable[str]) -> None:
+    for name in names:
         try:
             f.add_rule(sc.ERRNO(errno.EPERM), name)
-        except (OSError, ValueError):  # a call this architecture does not have (iopl on arm64)
+        except (OSError, ValueError, RuntimeError):  # a call this architecture or libseccomp does not know
             continue
-    for flag in CLONE_NAMESPACE_FLAGS:
-        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+
+
+def _bpf(f) -> bytes:
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+@lru_cache(maxsize=1)
+def seccomp_bpf() -> bytes:
+    """The helper's filter as a BPF program (``struct sock_filter[]``), compiled by libseccomp."""
+    sc, f = _filter()
+    _deny(sc, f, DENIED_SYSCALLS)
+    for flag in CLONE_NAMESPACE_FLAGS:
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    return _bpf(f)
+
+
+@lru_cache(maxsize=1)
+def program_seccomp_bpf() -> bytes:
+    """The filter every program's process adds on top of the helper's (filters stack)."""
+    sc, f = _filter()
+    _deny(sc, f, PROGRAM_DENIED_SYSCALLS)
+    for cmd in FCNTL_LOCK_COMMANDS:
+        f.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, cmd))
+    return _bpf(f)
 
 
 def bwrap_path() -> str | None:
@@ -109,7 +142,7 @@ def _root_entries() -> list[str]:
     return args
 
 
-def bwrap_argv(helper_copy: Path, site_paths: Iterable[str], disk_bytes: int, privileged: bool) -> list[str]:
+def bwrap_argv(helper_copy: Path, site_paths: Iterable[str], disk_bytes: int) -> list[str]:
     """The command line that starts a helper under bubblewrap (see the module docstring)."""
     bwrap = bwrap_path()
     if bwrap is None:
@@ -117,26 +150,26 @@ def bwrap_argv(helper_copy: Path, site_paths: Iterable[str], disk_bytes: int, pr
     # --die-with-parent follows the *thread* that forks bwrap: start it from a thread that lives
     # as long as the service (`magic.reward.sandbox._spawn`), or the helper dies with that thread.
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if privileged:
-        argv += ["--cap-drop", "ALL"]
-        for cap in HELPER_CAPABILITIES:
-            argv += ["--cap-add", cap]
-    else:  # an unprivileged bubblewrap: a user namespace that allows no further ones
-        argv += ["--unshare-user", "--disable-userns"]
+    argv += ["--cap-drop", "ALL"]
+    for cap in HELPER_CAPABILITIES:
+        argv += ["--cap-add", cap]
     argv += ["--hostname", "sandbox"]
     argv += _root_entries()
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # the scratch tmpfs first: the Python installation bound below stays visible when it lives
+    # under /tmp (a virtualenv made there)
+    argv += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/tmp"]
+    argv += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/dev/shm"]
     site = list(site_paths)
     dirs = python_dirs(site)
     for ancestor in _ancestors(dirs):  # open on the way (the host's may be 0700, as /root)
-        argv += ["--perms", "0755", "--dir", ancestor]
+        if ancestor not in ("/tmp", "/dev", "/dev/shm"):  # made above, with their own modes
+            argv += ["--perms", "0755", "--dir", ancestor]
     for d in dirs:
         argv += ["--ro-bind", d, d]
     for s in site:  # the grader's own package, when installed (not editable) next to the libraries
         if os.path.isdir(os.path.join(s, "magic")):
             argv += ["--tmpfs", os.path.join(s, "magic")]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/tmp"]
-    argv += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--ro-bind", str(helper_copy), HELPER_PATH, "--remount-ro", "/", "--chdir", "/tmp"]
     return argv + ["--", os.path.realpath(sys.executable), "-I", "-S", "-B", HELPER_PATH]
 
@@ -154,15 +187,15 @@ def private_copy(source: Path, directory: Path) -> Path:
     return target
 
 
-@lru_cache(maxsize=4)
-def bwrap_works(privileged: bool) -> str | None:
-    """None when bubblewrap can start a confined process here, else why not (kernel or
-    container policy: no user namespaces, no CAP_SYS_ADMIN, a seccomp profile refusing mount)."""
+@lru_cache(maxsize=1)
+def bwrap_works() -> str | None:
+    """None when bubblewrap can start a confined process here, else why not (container policy:
+    no CAP_SYS_ADMIN, a seccomp or AppArmor profile refusing mount)."""
     bwrap = bwrap_path()
     if bwrap is None:
         return "bubblewrap is not installed"
     argv = [bwrap, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    argv += ["--cap-drop", "ALL"] if privileged else ["--unshare-user"]
+    argv += ["--cap-drop", "ALL"]
     try:
         done = subprocess.run([*argv, "--", "/bin/true"], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

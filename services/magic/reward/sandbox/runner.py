@@ -1,55 +1,47 @@
 """Running untrusted programs: what the sandbox isolates, what it does not, and how.
 
-Every test runs in a fresh process, forked for it by the slot's helper (`magic.reward.sandbox.child`, a
-trusted program of the standard library only), which then drops privileges and applies the
+Every test runs in a fresh process, forked for it by the slot's helper (`magic.reward.sandbox.child`,
+a trusted program of the standard library only), which then drops privileges and applies the
 limits before the untrusted code is loaded. The reward process compares the output; the
 program only ever reports data, and never sees the expected output.
 
-**Isolated** (with ``isolation="uid"``, i.e. the service runs as root — as the Helm chart runs
-the reward pods by default, with only the capabilities this needs):
+**One level of isolation**, whatever the deployment: the service runs as root with
+CAP_SYS_ADMIN (the chart's reward pod, Pod Security "privileged"), every slot's helper starts
+under bubblewrap with a seccomp filter, and its programs run as the slot's own uid. Where any of
+it is missing the sandbox refuses to start (`SandboxError`, and code answers get the verdict
+`error`); it never judges untrusted code less confined.
 
 * *identity* — each slot's programs run as a dedicated unprivileged uid/gid (``uid_base`` + k,
   no supplementary groups), claimed through a lock file, so nothing else runs as it. They cannot
-  signal, trace or read the memory or environment of the service, its helper or other slots,
-  and cannot write anywhere the file permissions do not grant to "others";
+  signal, trace or read the memory or environment of the service, its helper, the judge or other
+  slots, and cannot write anywhere but their slot's tmpfs;
+* *root* (`magic.reward.sandbox.confine`) — a minimal read-only root holding only ``/usr`` and
+  the Python installation, new PID, network (no interface up), IPC, UTS and cgroup namespaces,
+  private tmpfs ``/tmp`` and ``/dev/shm`` of ``disk_mb`` each, emptied after every response
+  whatever the program did;
+* *system calls* — a libseccomp filter (no namespaces, mounts, ptrace, keyrings, bpf,
+  perf_event_open, io_uring) with no_new_privs, and for programs also no ``memfd_create``,
+  SysV shared memory or file locks;
 * *processes* — RLIMIT_NPROC counts the slot's uid only, so a fork bomb stops at ``processes``;
-  after every test every process of the uid is killed (SIGKILL via ``kill(-1)`` from a helper
-  holding that uid), which catches daemons that called setsid() and outlived the test; the
-  helper is a child subreaper, so every orphan is reaped;
-* *resources* — per process: address space (``memory_mb``), CPU seconds (the test's time limit
-  plus one), file size (``file_mb``), open files, no core dumps; per test: wall-clock time,
-  bytes of output, resident memory of all its processes together (``total_memory_mb``);
-* *network* — none: the slot lives in a fresh network namespace without interfaces up (the
-  service needs CAP_SYS_ADMIN for this; otherwise use a NetworkPolicy for the reward pod);
-* *files* — the working directory, /tmp, /var/tmp and /dev/shm are the slot's own tmpfs of
-  ``disk_mb`` (mount namespace), emptied after every response; ``hidden_paths`` (mounted
-  secrets, /root, /home) are covered by an empty read-only tmpfs; SysV IPC is private;
-* *environment* — scrubbed: a fixed PATH, HOME and TMPDIR in the working directory, one
-  thread for BLAS libraries; nothing of the service's environment.
+  after every test every process of the uid is killed, ``setsid()`` daemons included; the helper
+  is a child subreaper, so every orphan is reaped;
+* *resources* — per process: address space (``memory_mb``), CPU seconds, file size, open files,
+  no core dumps; per test, over every process of the uid: wall-clock time, bytes of output,
+  memory (resident memory plus what the slot's tmpfs hold, over ``total_memory_mb``) and CPU
+  (more than ``cpu_cores`` x the elapsed time: `cpu_limit`), so one sample cannot starve
+  another slot's;
+* *environment* — scrubbed: a fixed PATH, HOME and TMPDIR in /tmp, one thread for BLAS.
 
-**Confinement** (`magic.reward.sandbox.confine`): with ``bwrap`` the helper starts under bubblewrap —
-a minimal read-only root (``/usr`` and the Python installation), private ``/tmp`` and
-``/dev/shm``, new PID, network, IPC, UTS and cgroup namespaces — and with ``seccomp`` it loads
-a libseccomp filter (no namespaces, mounts, ptrace, keyrings, bpf, perf_event_open, io_uring)
-with no_new_privs before any test; every program and judge inherits both.
+**Verdicts**: the program's process produces only data; the helper sends it back framed by
+length, and the reward process decodes it in linear time into values compared with the
+expected output (`magic.reward.code.cases`). An assert test's code runs in a judge process forked
+by the helper, which the program reaches only through a data-only request/answer channel; the
+test's prelude names keep their own meaning there.
 
-**Verdicts**: the program's process produces only data. stdout and call results are compared
-here; an assert test's code runs in a judge process forked by the helper, which the program
-reaches only through a data-only request/answer channel (`magic.reward.sandbox.child`).
-
-**Not isolated**: without bubblewrap, files readable by everyone stay readable (the Python
-installation, the system's configuration, anything world-readable on a shared volume) and
-``/proc`` shows the host's processes; the kernel is shared (the seccomp filter narrows it; no
-gVisor): a kernel exploit through an allowed call escapes; CPU caches and memory bandwidth are
-shared, so timings are noisy under load; the program's total memory is watched, not capped:
-the helper sums the resident memory of the slot's processes every 50 ms and kills the test past
-``total_memory_mb``, so a burst faster than that can reach ``processes`` x ``memory_mb``
-(no memory cgroup).
-
-With ``isolation="session"`` (the service is not root and cannot change uid) programs run as the
-service's own user in their own session: RLIMIT_NPROC then counts all the user's processes, a
-program can signal the service and read its files, and one that calls setsid() and forks can
-outlive its test. Use it only for trusted code.
+**Not isolated**: the kernel is shared (the seccomp filter narrows it; for a second kernel
+boundary run the pod under gVisor or Kata: the chart's ``reward.runtimeClassName``); CPU caches
+and memory bandwidth are shared, so timings are noisy under load; memory is watched every
+50 ms, not capped, so a burst faster than that can reach ``processes`` x ``memory_mb``.
 """
 
 from __future__ import annotations
@@ -109,7 +101,7 @@ class TestRun:
     """What one test of a program did. The program's output is data, compared by the caller."""
 
     index: int
-    status: str  # "ok" (ran to its end), "timeout", "output_limit", "memory_limit", "crashed" (signal or exit != 0)
+    status: str  # "ok" (ran to its end), "timeout", "output_limit", "memory_limit", "cpu_limit", "crashed" (signal or exit != 0)
     stdout: str = ""  # stdin_stdout tests
     report: str = ""  # call / assert tests: JSON lines the program's harness reported
     stderr: str = ""  # the tail, for details
@@ -151,8 +143,7 @@ def _prepare_root(root: Path) -> Path:
     if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
         raise SandboxError(f"{root} must be a directory owned by uid {os.geteuid()} (not a symlink)")
     os.chmod(root, 0o711)
-    for sub in ("locks", "slots"):
-        (root / sub).mkdir(mode=0o711, exist_ok=True)
+    (root / "locks").mkdir(mode=0o711, exist_ok=True)
     return root
 
 
@@ -228,26 +219,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Slot:
-    """One unit of concurrency: a uid, a working directory and a helper process."""
+    """One unit of concurrency: a uid, a helper process and its private scratch tmpfs."""
 
-    def __init__(self, index: int, settings: SandboxSettings, root: Path, uid: int | None, lock_fd: int | None, confinement: dict):
+    def __init__(self, index: int, settings: SandboxSettings, uid: int, lock_fd: int, confinement: dict):
         self.index = index
         self.settings = settings
-        self.confinement = confinement  # {"bwrap": argv or None, "seccomp": bytes or None}
+        self.confinement = confinement  # {"bwrap": argv, "seccomp": bytes, "program_seccomp": bytes}
         self.uid = uid
         self.lock_fd = lock_fd
-        name = f"uid-{uid}" if uid is not None else f"pid-{os.getpid()}-{index}"
-        self.dir = root / "slots" / name
-        self.workdir = self.dir / "work"
-        self.control = self.dir / "control"
-        for d in (self.dir, self.workdir, self.control):
-            d.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(d, 0o700 if d != self.dir else 0o711)
-        if uid is not None:
-            os.chown(self.workdir, uid, uid)
         self.proc: subprocess.Popen | None = None
         self.applied: dict = {}
-        self._buf = b""
+        self._buf = bytearray()
 
     # -- the helper ------------------------------------------------------------------------
     def ensure_helper(self) -> None:
@@ -255,39 +237,25 @@ class _Slot:
             return
         self.stop_helper()
         s = self.settings
-        bwrap = self.confinement["bwrap"]
-        argv = bwrap or [sys.executable, "-I", "-S", "-B", str(CHILD)]
-        self.proc = _spawn(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=dict(SANDBOX_ENV),
-            cwd=str(self.control),
-            start_new_session=True,
-        )
-        self._buf = b""
-        workdir = "/tmp" if bwrap else str(self.workdir)
-        seccomp = self.confinement["seccomp"]
+        self.proc = _spawn(self.confinement["bwrap"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(SANDBOX_ENV), cwd="/", start_new_session=True)
+        self._buf = bytearray()
         setup = {
             "op": "setup",
             "uid": self.uid,
             "gid": self.uid,
-            "workdir": workdir,
-            "bwrap": bool(bwrap),
-            "scratch_dirs": ["/tmp", "/dev/shm"] if bwrap else [str(self.workdir)],
-            "seccomp": seccomp.hex() if seccomp else None,
-            "namespaces": s.namespaces and not bwrap,
-            "network_isolation": True,
+            "workdir": "/tmp",
+            "scratch_dirs": ["/tmp", "/dev/shm"],
+            "seccomp": self.confinement["seccomp"].hex(),
+            "program_seccomp": self.confinement["program_seccomp"].hex(),
             "disk_bytes": s.disk_mb * 1024 * 1024,
-            "private_tmp_dirs": s.private_tmp_dirs,
-            "hidden_paths": s.hidden_paths,
             "site_paths": _site_paths(),
-            "env": dict(SANDBOX_ENV, HOME=workdir, TMPDIR=workdir),
+            "env": dict(SANDBOX_ENV, HOME="/tmp", TMPDIR="/tmp"),
         }
         reply = self.request(setup, time.monotonic() + 60)
         if reply is None or reply.get("op") != "ready":
+            why = reply.get("error") if reply else None
             self.stop_helper()
-            raise SandboxError("the sandbox helper did not start")
+            raise SandboxError(f"the sandbox helper did not start{f': {why}' if why else ''}")
         self.applied = reply["applied"]
 
     def stop_helper(self) -> None:
@@ -307,11 +275,14 @@ class _Slot:
             except OSError:
                 pass
         self.proc = None
-        if self.uid is not None:
-            kill_uid(self.uid)
+        kill_uid(self.uid)
 
     def request(self, msg: dict, deadline: float) -> dict | None:
-        """Send one message and read one reply line before `deadline`; None if none came."""
+        """Send one message and read one reply before `deadline`; None if none came.
+
+        A reply is a JSON header line, then the raw bytes of the blobs it lists
+        (``"blobs": [[name, size], ...]``), which become str fields of the reply: the program's
+        output crosses as bytes, read in linear time, never as escaped JSON."""
         assert self.proc is not None
         try:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
@@ -320,19 +291,42 @@ class _Slot:
             return None
         if msg["op"] == "job":
             return {}
-        line = self._readline(deadline)
+        line = self._read_until(deadline, line=True)
         if line is None:
             return None
         try:
-            return json.loads(line)
+            reply = json.loads(line)
         except ValueError:
             return None
+        if type(reply) is not dict:
+            return None
+        blobs = reply.pop("blobs", [])
+        for name, size in blobs:
+            data = self._read_until(deadline, size=int(size))
+            if data is None:
+                return None
+            reply[name] = data.decode("utf-8", "replace")
+        return reply
 
-    def _readline(self, deadline: float) -> bytes | None:
+    def _read_until(self, deadline: float, line: bool = False, size: int = 0) -> bytes | None:
+        """The next line (without its newline) or the next `size` bytes from the helper; None if
+        they did not come before `deadline`. Each byte is scanned once."""
         fd = self.proc.stdout.fileno()
+        scanned = 0
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buf:
+            while True:
+                if line:
+                    at = self._buf.find(b"\n", scanned)
+                    if at >= 0:
+                        out = bytes(self._buf[:at])
+                        del self._buf[: at + 1]
+                        return out
+                    scanned = len(self._buf)
+                elif len(self._buf) >= size:
+                    out = bytes(self._buf[:size])
+                    del self._buf[:size]
+                    return out
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     return None
@@ -340,8 +334,6 @@ class _Slot:
                 if not chunk:
                     return None
                 self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
 
     def close(self) -> None:
         self.stop_helper()
@@ -359,51 +351,38 @@ class Sandbox:
     def __init__(self, settings: SandboxSettings, on_kill: Callable[[str, int], None] | None = None):
         self.settings = settings
         self.on_kill = on_kill or (lambda reason, n: None)
-        self.isolation = self._isolation(settings.isolation)
-        self.root = _prepare_root(settings.root)
+        self.confinement = self._confinement(settings)
+        self.root = Path(settings.root)
         self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._slots: list[_Slot] = []
-        self._lock = threading.Lock()
-        self.confinement = self._confinement(settings, self.root, privileged=self.isolation == "uid")
         uids = iter(range(settings.uid_base, settings.uid_base + settings.uid_count))
         for k in range(settings.slots):
-            uid, fd = self._claim_uid(uids) if self.isolation == "uid" else (None, None)
-            slot = _Slot(k, settings, self.root, uid, fd, self.confinement)
+            uid, fd = self._claim_uid(uids)
+            slot = _Slot(k, settings, uid, fd, self.confinement)
             self._slots.append(slot)
             self._free.put(slot)
-        if self.isolation == "session":
-            log.warning("sandbox isolation is 'session': programs run as this service's user (see docs/reward.md)")
 
     @staticmethod
-    def _isolation(wanted: str) -> str:
-        can_setuid = os.geteuid() == 0
-        if wanted == "uid" and not can_setuid:
-            raise SandboxError("sandbox isolation 'uid' needs the service to run as root (or with CAP_SETUID and CAP_SETGID)")
-        if wanted == "auto":
-            return "uid" if can_setuid else "session"
-        return wanted
-
-    @staticmethod
-    def _confinement(settings: SandboxSettings, root: Path, privileged: bool) -> dict:
-        """Which of bubblewrap and seccomp apply (`settings.bwrap`, `settings.seccomp`)."""
-        out: dict = {"bwrap": None, "seccomp": None}
-        if settings.seccomp != "off":
-            try:
-                out["seccomp"] = confine.seccomp_bpf()
-            except confine.ConfinementError as exc:
-                if settings.seccomp == "on":
-                    raise SandboxError(str(exc)) from None
-                log.warning("sandbox without a seccomp filter: %s", exc)
-        if settings.bwrap != "off":
-            why = confine.bwrap_works(privileged)
-            if why is None:
-                helper = confine.private_copy(CHILD, root / "helper")
-                out["bwrap"] = confine.bwrap_argv(helper, _site_paths(), settings.disk_mb * 1024 * 1024, privileged)
-            elif settings.bwrap == "on":
-                raise SandboxError(f"sandbox bwrap='on' but {why}")
-            else:
-                log.warning("sandbox without bubblewrap (%s): falling back to namespaces=%s", why, settings.namespaces)
-        return out
+    def _confinement(settings: SandboxSettings) -> dict:
+        """The one confinement the sandbox runs with, or SandboxError saying what is missing."""
+        if not settings.enabled:
+            raise SandboxError("the code sandbox is turned off (MAGIC_SANDBOX__ENABLED=false; chart: reward.sandbox.enabled): code answers are not judged")
+        missing = []
+        if os.geteuid() != 0:
+            missing.append("the service runs as uid %d, not root (it gives every slot its own uid)" % os.geteuid())
+        try:
+            seccomp, program_seccomp = confine.seccomp_bpf(), confine.program_seccomp_bpf()
+        except confine.ConfinementError as exc:
+            missing.append(str(exc))
+        if not missing:
+            why = confine.bwrap_works()
+            if why is not None:
+                missing.append(f"{why} (bubblewrap needs CAP_SYS_ADMIN and a seccomp/AppArmor profile that allows mount: the chart's reward pod under Pod Security \"privileged\")")
+        if missing:
+            raise SandboxError("the code sandbox cannot start, so code answers are not judged: " + "; ".join(missing))
+        helper = confine.private_copy(CHILD, _prepare_root(settings.root) / "helper")
+        bwrap = confine.bwrap_argv(helper, _site_paths(), settings.disk_mb * 1024 * 1024)
+        return {"bwrap": bwrap, "seccomp": seccomp, "program_seccomp": program_seccomp}
 
     def _claim_uid(self, uids: Iterable[int]) -> tuple[int, int]:
         """The next uid of the range that no account owns, no other sandbox holds (lock file)
@@ -428,15 +407,9 @@ class Sandbox:
         raise SandboxError(f"no free sandbox uid in [{self.settings.uid_base}, {self.settings.uid_base + self.settings.uid_count})")
 
     def describe(self) -> dict:
-        """The isolation actually in force (after the first run of each slot's helper)."""
+        """The isolation in force (what the first helper to start reported applying)."""
         applied = [s.applied for s in self._slots if s.applied]
-        return {
-            "isolation": self.isolation,
-            "bwrap": self.confinement["bwrap"] is not None,
-            "seccomp": self.confinement["seccomp"] is not None,
-            "slots": len(self._slots),
-            "applied": applied[0] if applied else None,
-        }
+        return {"isolation": "bwrap+uid+seccomp", "slots": len(self._slots), "applied": applied[0] if applied else None}
 
     def warm_up(self) -> None:
         """Start every slot's helper now (otherwise the first run of a slot starts it)."""
@@ -466,6 +439,7 @@ class Sandbox:
             "processes": s.processes,
             "max_output_bytes": int(s.max_output_mb * 1024 * 1024),
             "total_memory_bytes": s.total_memory_mb * 1024 * 1024,
+            "cpu_cores": s.cpu_cores,
         }
         job = {
             "op": "job",
@@ -490,13 +464,26 @@ class Sandbox:
 
     def _run_in_slot(self, slot: _Slot, job: dict, tests: list[dict], judge, per_test: float, total_deadline: float, result: SandboxResult) -> None:
         slot.ensure_helper()
-        slot.request(job, time.monotonic() + 10)
+        try:
+            slot.request(job, time.monotonic() + 10)
+            self._run_tests(slot, tests, judge, per_test, total_deadline, result)
+        finally:  # whatever ended the run (a failed test, a judge that raised, a dead helper): clean the slot
+            reply = slot.request({"op": "end"}, time.monotonic() + 30) if slot.proc is not None else None
+            if reply is None or reply.get("op") != "clean":
+                slot.stop_helper()  # a new helper starts with empty scratch space and no process of the uid
+                if result.error is None and sys.exc_info()[0] is None:
+                    raise SandboxError("the sandbox helper did not clean up")
+            elif reply.get("killed"):
+                result.killed += int(reply["killed"])
+                self.on_kill("leftover_processes", int(reply["killed"]))
+
+    def _run_tests(self, slot: _Slot, tests: list[dict], judge, per_test: float, total_deadline: float, result: SandboxResult) -> None:
         result.passed = True
         for i, test in enumerate(tests):
             if time.monotonic() > total_deadline:
                 result.passed, result.stopped = False, f"total time limit ({self.settings.total_timeout_seconds:g}s) reached before test {i}"
                 self.on_kill("total_timeout", 0)
-                break
+                return
             reply = slot.request({"op": "test", "i": i, **test}, time.monotonic() + per_test + GRACE_SECONDS)
             if reply is None or reply.get("op") != "result":
                 slot.stop_helper()
@@ -513,23 +500,19 @@ class Sandbox:
                 leftovers=int(reply.get("leftovers", 0)),
             )
             result.tests.append(run)
-            if run.status in ("timeout", "memory_limit"):
-                self.on_kill(run.status if run.status == "memory_limit" else "test_timeout", 1)
+            if run.status in ("timeout", "memory_limit", "cpu_limit"):
+                self.on_kill("test_timeout" if run.status == "timeout" else run.status, 1)
             if run.leftovers:
                 result.killed += run.leftovers
                 self.on_kill("leftover_processes", run.leftovers)
-            if run.exit_code == 121:
-                raise SandboxError("the sandbox could not drop privileges")
-            if not judge(test, run):
+            try:
+                passed = judge(test, run)
+            except Exception as exc:  # noqa: BLE001 — output the judge cannot read is a failed test, never the sandbox's error
+                log.debug("judging test %d raised %s", i, exc)
+                passed = False
+            if not passed:
                 result.passed, result.stopped = False, f"test {i} failed"
-                break
-        reply = slot.request({"op": "end"}, time.monotonic() + 30)
-        if reply is None or reply.get("op") != "clean":
-            slot.stop_helper()
-            raise SandboxError("the sandbox helper did not clean up")
-        if reply.get("killed"):
-            result.killed += int(reply["killed"])
-            self.on_kill("leftover_processes", int(reply["killed"]))
+                return
 
     def close(self) -> None:
         for slot in self._slots:
