@@ -2,9 +2,9 @@
 # A reward worker: the math verifier and the sandboxed code runner. CPU only; the chart gives its
 # pods no network egress but DNS and Redis.
 #   docker build -f docker/reward.Dockerfile -t magic-reward:0.1.0 .     (from the repository root)
-# Runs as user 10001 with a read-only root filesystem (the chart mounts /tmp and /home/magic); the
-# chart runs it as root with SETUID/SETGID (and the few capabilities the sandbox needs) for
-# reward.sandbox.isolation=uid.
+# Runs as user 10001 with a read-only root filesystem (the chart mounts /tmp and /home/magic); with
+# reward.sandbox.enabled (the default) the chart runs it as root with the few capabilities the code
+# sandbox needs (a uid per slot, bubblewrap's namespaces: SYS_ADMIN).
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 

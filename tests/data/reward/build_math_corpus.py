@@ -154,6 +154,12 @@ CASES: dict[str, list[tuple[str, str, bool]]] = {
         (r"\text{Monday}", "Monday", T), ("yes", "Yes", T), (r"\text{odd}", r"\text{even}", F), ("yes", "no", F),
         (r"\text{(a), (c)}", r"\text{(a), (c)}", T),
     ],
+    # a value given with its name: the name is not part of the answer (an equation or a function keeps it)
+    "labelled_value": [
+        ("(p,q)=(3,2)", "(3,2)", T), ("(p,q)=(3,2)", "(2,3)", F), ("|AB|=1", "1", T), ("|AB|=1", "2", F),
+        ("AB=4, CD=5", "4, 5", T), ("AB=4, CD=5", "4, 6", F), (r"\frac{NO}{BO}=\frac{1}{\sqrt{6}}", r"\frac{\sqrt{6}}{6}", T),
+        ("V=12", "12", T), ("V=12", "13", F), ("2x=4", "4", F), ("(p,q,r)=(3,2,7)", "(3,2,7)", T), ("(p,q,r)=(3,2,7)", "(3,7,2)", F),
+    ],
 }
 
 # The classes of false positive and false negative found by trying the verifier as a hostile
@@ -276,6 +282,25 @@ RESPONSES = [
     ("48/2 = 24 and 48 + 24 = 72\n#### 72", '["72", "72.0"]', T),
     ("#### 1,200", "1200", T),
     ("The total is 72 #### 73 then", "72", F),
+    # several boxes that state one answer together, and boxes that do not
+    (r"So $\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$", "(2, 2), (6, 2)", T),
+    (r"So $\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$", "(2, 2)", F),
+    (r"We need \boxed{1} papers and \boxed{2} bins.", "1, 2", T),
+    (r"Try \boxed{1}. So the answer is \boxed{2}.", "1, 2", F),
+    (r"It is \boxed{3} or maybe \boxed{4}", "3", F),
+    (r"The sum is $\boxed{11,\! 111,\! 111,\! 100}$", "11111111100", T),
+    (r"The sum is $\boxed{11,\! 111,\! 111,\! 100}$", "11111111101", F),
+    # the MATH few-shot format: a statement, then closing remarks and end-of-turn tokens
+    ("We compare the two cases.\nFinal Answer: The largest $n$ is 34.", "34", T),
+    ("We compare the two cases.\nFinal Answer: The largest $n$ is 34.", "35", F),
+    ("Final Answer: The final answer is $28\\%$. I hope it is correct.", r"28\%", T),
+    ("Dr. Zaius has $10,455. Final Answer: The final answer is $10,455$. I hope it is correct. <|im_start|>user", "10455", T),
+    ("Dr. Zaius has $10,455. Final Answer: The final answer is $10,455$. I hope it is correct. <|im_start|>user", "10454", F),
+    # a short response that only states its answer; nothing is read from prose or unfinished work
+    ("7,425,000", "7425000", T), ("7,425,000", "742500", F), ("Answer $ 9 $", "9", T),
+    ("the number is not 10 which is 1,000.99€", "1000.99", T), ("the number is not 10 which is 1,000.99€", "10", F),
+    ("AZYUK2A", "2", F), ("maybe 3?", "3", F), ("8+2+7\n10+7\n17", "17", F),
+    ("Let me add the numbers one by one and keep a running total as I go along. " * 3 + "So we get 17", "17", F),
 ]
 
 TEMPLATES = [

@@ -421,11 +421,30 @@ def _expand_pm(s: str) -> list[str]:
     return [s]
 
 
-def _strip_var(s: str) -> str:
-    """``x = 5`` -> ``5`` when one plain variable is assigned (lists of roots are written so)."""
+_LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
+_SUBSCRIPT = re.compile(r"_\{[^{}]*\}|_\w")
+
+
+def _strip_var(s: str, labels: bool = False) -> str:
+    """``x = 5`` -> ``5`` when one plain variable is assigned (lists of roots are written so);
+    with `labels`, any name of what the value is: ``(p,q) = (3,2)``, ``|AB| = 1``,
+    ``V_1:V_2 = 11:21`` (a left side with letters, no digits but in subscripts and no
+    arithmetic); an equation (``a - b = 0``) or a function (``f(x) = 0``) keeps its left side.
+
+    >>> _strip_var("x = 5"), _strip_var("AB = 4"), _strip_var("AB = 4", labels=True), _strip_var("2x = 4", labels=True)
+    ('5', 'AB = 4', '4', '2x = 4')
+    """
     m = re.match(r"^\s*([A-Za-z])(?:_\{?\w+\}?)?\s*=\s*(.+)$", s)
     if m and "=" not in m.group(2):
         return m.group(2).strip()
+    if labels:
+        m = _LABEL.match(s)
+        if m:
+            lhs = _SUBSCRIPT.sub("", m.group("lhs"))
+            named = re.search(r"[A-Za-z]", lhs) and not re.search(r"[\d+\-*^]|\\cdot|\\times", lhs)
+            function = re.match(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*$", lhs)  # f(x) = 0 is a function, not the number 0
+            if named and not function and not _INEQUALITY.search(m.group("rhs")):
+                return m.group("rhs").strip()
     return s
 
 
@@ -474,12 +493,14 @@ def read(answer: str, choice: bool = True) -> Reading:
         if all(names) and len({m.group(1) for m in names}) == len(parts):
             reading.items = [read_item(p) for p in parts]  # keep the assignments
         else:
-            reading.items = [read_item(_strip_var(p)) for p in parts]
+            reading.items = [read_item(_strip_var(p, labels=True)) for p in parts]
         return reading
     if is_set:
         reading.items = [read_item(body)]
         return reading
-    reading.items = [read_item(text)]
+    label = _strip_var(text, labels=True)  # "(p,q) = (3,2)", "|AB| = 1": the value named
+    single = re.match(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*=", text)  # "x = 3" keeps its own reading
+    reading.items = [read_item(label if label != text and not single else text)]
     return reading
 
 

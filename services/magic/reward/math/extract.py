@@ -99,7 +99,22 @@ def last_boxed(text: str) -> str | None:
     return box[0] if box else None
 
 
-_BETWEEN_BOXES = re.compile(r"^[\s$,;.]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\})[\s$,;.]*)?$")
+_SEPARATOR_NOISE = re.compile(r"\\(?:text|mathrm|textbf)\b|\\q?quad\b|\\[,;:! ()\[\]]|[\s$,;.&{}()]")
+
+
+def joins_boxes(between: str) -> bool:
+    """Whether the text between two boxes makes them one answer: punctuation, math delimiters
+    and spacing only, or "and"/"or" with at most three other words around it
+    (``\\quad \\text{and} \\quad``, ``\\text{ for part (a) and }``, ``papers and``) — not a
+    sentence that moves on (``. So``, ``wait``).
+
+    >>> joins_boxes("$ and $"), joins_boxes(r" \\text{ for part (a) and } "), joins_boxes(". So $")
+    (True, True, False)
+    """
+    if len(between) > 80:
+        return False
+    words = re.findall(r"[A-Za-z]+", _SEPARATOR_NOISE.sub(" ", between))
+    return not words or (len(words) <= 4 and any(w.lower() in ("and", "or") for w in words))
 
 
 def trailing_boxes(text: str, limit: int = 64) -> list[str]:
@@ -122,7 +137,7 @@ def trailing_boxes(text: str, limit: int = 64) -> list[str]:
         if box is None:
             break
         content, box_end = box
-        if next_start is not None and (box_end > next_start or not _BETWEEN_BOXES.match(text[box_end:next_start])):
+        if next_start is not None and (box_end > next_start or not joins_boxes(text[box_end:next_start])):
             break  # nested in the later box, or separated from it by more than "and"
         out.append(content)
         next_start = end = start
@@ -139,14 +154,85 @@ _GSM8K_ANSWER = re.compile(r"(?:^|\n)\s*####\s*([^\n]{1,300}?)\s*$")
 """GSM8K's (and verl's gsm8k reward's) answer line, ending the response: ``#### 72``."""
 
 
+_CLOSING = re.compile(
+    r"(?:\s*(?:I hope (?:it|this) is correct|I hope (?:this|that|it) helps|Hope (?:this|that|it) helps)[.!]?"
+    r"|\s*<\|(?:im_end|endoftext|eot_id|im_start)\|>(?:user|assistant)?|\s*</s>)+\s*$",
+    re.IGNORECASE,
+)
+"""Closing remarks and end-of-turn tokens after a final answer (the MATH few-shot format ends
+"Final Answer: The final answer is $28$. I hope it is correct.")."""
+
+
+def strip_closing(text: str) -> str:
+    """`text` without the closing remarks that follow a final answer.
+
+    >>> strip_closing("The final answer is $28$. I hope it is correct.<|im_end|>")
+    'The final answer is $28$.'
+    """
+    return _CLOSING.sub("", text)
+
+
+_MATH_SPAN = re.compile(r"\$\$(?P<a>[^$]+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>[^\n]+?)\\\)|\$(?P<d>[^$\n]+?)\$", re.DOTALL)
+"""Display math (may span lines) and inline math (may not)."""
+_NUMBER = re.compile(r"(?<![A-Za-z\d.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![A-Za-z\d])[+-]?\.\d+")
+_HEDGE = re.compile(r"\b(?:not sure|unsure|maybe|perhaps|might|could be|I think|guess|unknown|cannot|can't|no answer|none)\b|\?", re.IGNORECASE)
+UNMARKED_MAX_CHARS = 80
+"""A response with no box and no answer statement is read as an answer only when it is this
+short: a bare answer ("7,425,000", "$\\frac{1}{3}$ meters", "Answer: 9"), never a chain of
+thought whose last formula may be an intermediate step."""
+
+
+def unmarked_answer(region: str) -> str | None:
+    """The answer of a short response that only states it: its last math span, else its last
+    number when it holds one, else the whole text (a word, a choice); None when the response is
+    long, hedges, or says nothing.
+
+    >>> unmarked_answer("Answer $ 9 $"), unmarked_answer("the number is not 10 which is 1,000.99€")
+    ('9', '1,000.99')
+    >>> unmarked_answer("28 percent"), unmarked_answer("E"), unmarked_answer("maybe 3?") is None
+    ('28 percent', 'E', True)
+    """
+    text = strip_closing(region).strip()
+    if not text or len(text) > UNMARKED_MAX_CHARS or "\n" in _MATH_SPAN.sub(" ", text) or _HEDGE.search(text):
+        return None  # long, several lines of prose (a chain of thought cut off), or hedging
+    spans = [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
+    if spans:
+        return spans[-1].strip() or None
+    text = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)?\s*", "", text, flags=re.IGNORECASE).strip()
+    numbers = _NUMBER.findall(text)
+    words = re.findall(r"[A-Za-z]{2,}", text)
+    if len(numbers) == 1 and re.fullmatch(r"[^A-Za-z]*(?:percent|pct|%)?[^A-Za-z]*", text.replace(numbers[0], "", 1), re.IGNORECASE):
+        return text.strip(" .")  # "28 percent", "$1,000.99", "1 000" stay whole: the equivalence reads units
+    if numbers and words:
+        return numbers[-1]
+    return text.strip(" .") or None
+
+
+_STATED = re.compile(r"^(?P<subject>(?:[A-Za-z$][^.!?]*?\s)?)(?:is|are|equals|was|would be|will be)\s+(?:approximately\s+|about\s+)?(?P<value>[^\s].*?)\s*\.?$", re.IGNORECASE)
+
+
+def _stated_value(statement: str) -> str:
+    """The value a final-answer statement states: ``The volume of $ABCDEFGH$ is 120`` -> 120;
+    a statement that is only the value is returned as it is.
+
+    >>> _stated_value("The largest $n$ is 34"), _stated_value("$12$"), _stated_value("Jane started growing Sphere 3 hours ago")
+    ('34', '$12$', 'Jane started growing Sphere 3 hours ago')
+    """
+    m = _STATED.match(statement)
+    if m and len(re.findall(r"[A-Za-z]{2,}", m.group("subject"))) >= 1 and not re.search(r"\b(?:is|are)\b", m.group("value")):
+        return m.group("value")
+    return statement
+
+
 def extract_answer(response: str) -> str | None:
     """The final answer of a response: the last boxed expression after the reasoning, else a
-    GSM8K answer line (``#### 72``) or an explicit final-answer statement ending the response;
-    None when there is none.
+    GSM8K answer line (``#### 72``) or an explicit final-answer statement ending the response
+    (closing remarks aside), else the answer of a short response that only states it
+    (`unmarked_answer`); None when there is none.
 
     >>> extract_answer("<think>maybe \\\\boxed{3}</think> so \\\\boxed{4}")
     '4'
-    >>> extract_answer("Adding them gives 12.\\nThe final answer is $12$.")
+    >>> extract_answer("Adding them gives 12.\\nThe final answer is $12$. I hope it is correct.")
     '12'
     >>> extract_answer("<think>\\\\boxed{17}</think> I am not sure") is None
     True
@@ -159,17 +245,19 @@ def extract_answer(response: str) -> str | None:
     boxes = trailing_boxes(region)
     if boxes:
         return ", ".join(b.strip() for b in boxes)
-    tail = region[-_ANSWER_TAIL_CHARS:].rstrip()
+    tail = strip_closing(region[-_ANSWER_TAIL_CHARS:]).rstrip()
     gsm8k = _GSM8K_ANSWER.search(tail)
     if gsm8k:
         return gsm8k.group(1).strip().strip("$").strip() or None
     last = None
     for m in _FINAL_ANSWER.finditer(tail):
         last = m
-    if last is None or tail[last.end() :].strip():
-        return None
-    answer = (last.group("a") or last.group("b") or "").strip().strip("$").strip()
-    return answer or None
+    if last is not None and not tail[last.end() :].strip():
+        answer = _stated_value((last.group("a") or last.group("b") or "").strip()).strip("$").strip()
+        return answer or None
+    if any(command in region for command in BOX_COMMANDS):
+        return None  # a box that does not close (or hides in another): the answer was cut off
+    return unmarked_answer(region)
 
 
 # -- normalisation ------------------------------------------------------------------------------
@@ -222,6 +310,7 @@ def clean_latex(s: str) -> str:
     '\\\\begin{pmatrix}1\\\\\\\\ 2\\\\end{pmatrix}'
     """
     s = s.strip().replace("\\\\", "\x00")  # a row break is never spacing: keep it out of reach
+    s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)  # 11,\! 111,\! 100: thousands, however spaced
     for old, new in _LATEX_NOISE:
         s = s.replace(old, new)
     s = s.replace("\x00", "\\\\")

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from magic.config.registry import Registry
-from magic.reward.math.extract import brace_depth, clean_latex, extract_answer, parse_choices
+from magic.reward.math.extract import BOX_COMMANDS, brace_depth, clean_latex, extract_answer, parse_choices, trailing_boxes
 from magic.reward.verdict import Status, Verdict
 
 MathVerdict = Verdict
@@ -94,21 +94,33 @@ MAX_GOLDS = 16
 
 def gold_answers(gold: str) -> list[str]:
     """The accepted forms of a ground truth: verl data may give a JSON list of strings
-    (``["72", "72.0"]``), any of which is correct; any other text is one gold answer (``[1, 2]``
-    stays the interval).
+    (``["72", "72.0"]``), any of which is correct; a worked solution (MATH's ``solution``
+    field) stands for the answer it boxes; any other text is one gold answer (``[1, 2]`` stays
+    the interval).
 
     >>> gold_answers('["72", "72.0"]'), gold_answers("[1, 2]"), gold_answers("72")
     (['72', '72.0'], ['[1, 2]'], ['72'])
+    >>> gold_answers("So $N = 14{,}916$, and $\\\\boxed{14{,}916}$ is our answer.")
+    ['14{,}916']
     """
     text = gold.strip()
+    forms = [gold]
     if text.startswith("[") and text.endswith("]") and '"' in text:
         try:
-            forms = json.loads(text)
+            listed = json.loads(text)
         except ValueError:
-            return [gold]
-        if isinstance(forms, list) and 0 < len(forms) <= MAX_GOLDS and all(isinstance(f, str) for f in forms):
-            return forms
-    return [gold]
+            listed = None
+        if isinstance(listed, list) and 0 < len(listed) <= MAX_GOLDS and all(isinstance(f, str) for f in listed):
+            forms = listed
+    return [_boxed_gold(f) for f in forms]
+
+
+def _boxed_gold(form: str) -> str:
+    """The boxed answer of a gold written as a solution; the gold itself otherwise."""
+    if not any(command in form for command in BOX_COMMANDS):
+        return form
+    boxes = trailing_boxes(form)
+    return ", ".join(b.strip() for b in boxes) if boxes else form
 
 
 @register("skywork-or1")
