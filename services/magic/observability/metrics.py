@@ -159,6 +159,9 @@ REWARD_TIMEOUTS = Counter(
 )
 REWARD_PENALTIES = Counter("magic_reward_penalties", "Responses given a nonzero penalty, by penalty", ["name"])
 REWARD_INFLIGHT = FigureGauge("magic_reward_inflight", "Responses being verified now", ["kind"])
+REWARD_JUDGE = Counter(
+    "magic_reward_judge", "Math answers the rules rejected that the optional LLM judge was asked about, by outcome (accepted, rejected, undecided, failed)", ["outcome"]
+)
 SANDBOX_KILLS = Counter(
     "magic_sandbox_kills",
     "Processes the sandbox killed: reason=test_timeout (a test over its limit), memory_limit (all its processes together), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
@@ -187,7 +190,7 @@ OWNERS: dict[str, tuple[MetricWrapperBase, ...]] = {
         ROLLOUT_STALE_GROUPS,
         WEIGHT_LOAD_SECONDS,
     ),
-    "reward": (REWARD_LATENCY, REWARD_VERDICTS, REWARD_TIMEOUTS, REWARD_PENALTIES, REWARD_INFLIGHT, SANDBOX_KILLS),
+    "reward": (REWARD_LATENCY, REWARD_VERDICTS, REWARD_TIMEOUTS, REWARD_PENALTIES, REWARD_INFLIGHT, SANDBOX_KILLS, REWARD_JUDGE),
 }
 """The series each service computes. DEAD_LETTERS and ERRORS belong to every service (any stream
 consumer dead-letters; every worker counts its errors); a metric added above without an owner

@@ -24,9 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from magic.config.schema import PenaltySettings
-from magic.observability.metrics import REWARD_INFLIGHT, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS, SANDBOX_KILLS
+from magic.observability.metrics import REWARD_INFLIGHT, REWARD_JUDGE, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS, SANDBOX_KILLS
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.math import verifier as math_verifier
+from magic.reward.math.judge import JudgeFailed, LlmJudge
 from magic.reward.penalties import PenaltyInput, compute_penalties
 from magic.reward.settings import RewardSettings
 from magic.reward.timeboxed import TimeboxedPool
@@ -77,6 +78,7 @@ class Scorer:
             memory_mb=settings.math.memory_mb,
             on_kill=lambda: REWARD_TIMEOUTS.labels(kind="math").inc(),
         )
+        self.judge = LlmJudge(settings.math.judge) if settings.math.judge.enabled else None
         self._sandbox = None
         self._code = None
         self._lock = threading.Lock()
@@ -130,10 +132,26 @@ class Scorer:
     def _verify_math(self, sample: Sample) -> Verdict:
         result = self.math_pool.call(verify_math, self.settings.math.verifier, sample.response, sample.ground_truth, sample.problem)
         if result.status == "ok":
-            return result.value
+            return self._second_opinion(sample, result.value)
         if result.status == "timeout":
             return Verdict(Status.timeout, "", f"verification exceeded {self.settings.math.timeout_seconds:g}s", result.seconds)
         return Verdict(Status.error, "", f"verifier {result.status}: {result.error}", result.seconds)
+
+    def _second_opinion(self, sample: Sample, v: Verdict) -> Verdict:
+        """The LLM judge's decision on an answer the rules rejected (when the judge is on): only a
+        `wrong` verdict with an extracted answer is asked about; an accepted one becomes correct,
+        anything else leaves the rules' verdict."""
+        if self.judge is None or v.status is not Status.wrong or not v.answer:
+            return v
+        try:
+            decision = self.judge.decide(sample.problem, sample.ground_truth, v.answer)
+        except JudgeFailed:
+            REWARD_JUDGE.labels(outcome="failed").inc()
+            return v
+        REWARD_JUDGE.labels(outcome={True: "accepted", False: "rejected", None: "undecided"}[decision]).inc()
+        if decision:
+            return Verdict(Status.correct, v.answer, f"the rules rejected it ({v.details}); the LLM judge accepted it", v.seconds)
+        return v
 
     def score(self, sample: Sample) -> pb.Score:
         """Score one sample: its verdict, the penalties, and the reward."""
@@ -187,6 +205,8 @@ class Scorer:
         self._closed = True
         self._executor.shutdown(wait=True)
         self.math_pool.close()
+        if self.judge is not None:
+            self.judge.close()
         with self._lock:
             if self._sandbox is not None:
                 self._sandbox.close()

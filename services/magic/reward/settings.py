@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from magic.config.schema import PenaltySettings
@@ -17,6 +17,35 @@ from magic.config.settings import ServiceSettings
 
 def _cpu_count() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+class JudgeSettings(BaseModel):
+    """The optional LLM judge (`magic.reward.math.judge`): asked only about math answers the
+    rules reject, as TinyV does. Env: ``MAGIC_MATH__JUDGE__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    """Off by default: the rules alone decide (their false positives are measured; a judge's
+    depend on its model)."""
+    url: str = ""
+    """Base URL of an OpenAI-compatible server (a vLLM server, as the rollout runs), e.g.
+    ``http://judge:8000``; the judge posts to ``<url>/v1/completions``."""
+    model: str = ""
+    """The served model's name (vLLM's ``--served-model-name``, or its path)."""
+    api_key: SecretStr | None = None
+    """Sent as a bearer token when set."""
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    """One question's bound; past it the rules' verdict stands."""
+    max_tokens: int = Field(default=1, ge=1, le=64)
+    """Tokens the judge may write; its decision is read from the first word ("True"/"False":
+    one token in the usual tokenizers)."""
+
+    @model_validator(mode="after")
+    def _needs_a_server(self) -> "JudgeSettings":
+        if self.enabled and not (self.url and self.model):
+            raise ValueError("the LLM judge needs a url and a model (MAGIC_MATH__JUDGE__URL, MAGIC_MATH__JUDGE__MODEL)")
+        return self
 
 
 class MathRewardSettings(BaseModel):
@@ -33,6 +62,8 @@ class MathRewardSettings(BaseModel):
     """Verifier processes: how many responses are verified at once."""
     memory_mb: int = Field(default=2048, ge=256)
     """Address-space limit of each verifier process (a huge number cannot exhaust the pod)."""
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    """The optional LLM judge, asked only when the rules reject an answer."""
 
 
 class SandboxSettings(BaseModel):

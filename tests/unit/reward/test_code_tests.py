@@ -12,10 +12,11 @@ from magic.reward import penalties
 from magic.reward.code import cases as code_tests
 from magic.reward.code import verifier as code_verifier
 from magic.reward.code.cases import GroundTruthError, WireError, call_matches, from_wire, parse_ground_truth, stdout_matches
+from magic.reward.sandbox import child as sandbox_child
 from magic.reward.sandbox.child import _exception, plain, unplain
 
 
-@pytest.mark.parametrize("module", [code_tests, code_verifier, penalties])
+@pytest.mark.parametrize("module", [code_tests, code_verifier, penalties, sandbox_child])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
 

@@ -13,6 +13,7 @@ import sympy
 
 from magic.reward.math import equiv as math_equiv
 from magic.reward.math import extract as math_extract
+from magic.reward.math import judge as math_judge
 from magic.reward.math import verifier as math_verifier
 from magic.reward.verdict import Status
 
@@ -46,7 +47,7 @@ def quiet_math_verify():
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
-@pytest.mark.parametrize("module", [math_extract, math_equiv, math_verifier])
+@pytest.mark.parametrize("module", [math_extract, math_equiv, math_verifier, math_judge])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
 
