@@ -38,8 +38,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 run: $(RUN_STAMP)
 	$(BIN)/magic local $(RUN_ARGS)
 
-test: $(STAMP) $(VLLM_STAMP) test-debs
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# The suite on two workers, a module to a worker (its module-scoped servers start once);
+# PYTEST_JOBS=0 runs it in this process.
+PYTEST_JOBS ?= 2
+test:
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) test-debs
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadscope) $(PYTEST_ARGS)
 
 test-debs:
 	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server, a Redis client wiped per test, a tiny random model."""
+"""Shared fixtures: a private redis-server, a Redis client wiped per test, a tiny random model;
+and the order the suite runs in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,30 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+LONGEST_FIRST = (
+    "tests/integration/test_vllm_engine.py",  # three vLLM starts in one test, ~4 min mostly waiting
+    "tests/e2e/test_local.py",
+    "tests/e2e/test_faults.py",
+    "tests/integration/test_reward_judge.py",
+    "tests/unit/learner/test_checkpoint_files.py",
+    "tests/e2e/test_two_writers.py",
+    "tests/e2e/test_corrupt_files.py",
+    "tests/deploy/test_prometheus.py",
+)
+"""Modules that take longest, started first: `make test` runs the suite on two workers, a module
+to a worker (`pytest -n 2 --dist loadscope`), and a long module started last would run alone at
+the end. Order within a module is kept."""
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {path: k for k, path in enumerate(LONGEST_FIRST)}
+
+    def key(item) -> int:
+        path = Path(str(item.fspath)).resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

@@ -156,6 +156,14 @@ class VllmServer:
         if not self.config.python.exists():
             raise VllmServerError(f"no vLLM interpreter at {self.config.python}: run `make vllm-venv` (or set MAGIC_VLLM_PYTHON)")
         self.port = self.config.port or free_port()
+        if self.proc is not None:  # started before: what is left of that session (its engine core outlives a killed leader)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+        if self._log is not None:
+            self._log.close()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         cmd = server_command(self.config, self.port)
