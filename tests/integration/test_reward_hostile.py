@@ -333,6 +333,19 @@ def test_the_judge_calls_the_program_only_with_data_and_keeps_its_semantics(veri
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make test installs it)")
 
 
+LEFTOVER = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/dev/shm'))))"
+"""A program listing the slot's scratch space."""
+
+
+def fresh_listing(site_paths: list[str] | None = None) -> str:
+    """What LEFTOVER prints in a fresh slot: nothing, but the way to a Python installation that
+    lives under /tmp (bubblewrap's, root's)."""
+    from magic.reward.sandbox import confine, runner
+
+    kept = confine.scratch_entries_kept(runner._site_paths() if site_paths is None else site_paths, runner.SCRATCH_DIRS)
+    return repr(sorted(os.path.basename(p) for p in kept))
+
+
 def run_stdout(verifier, code: str, expected: str):
     return judge(verifier, code, json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": [expected]}))[0]
 
@@ -363,8 +376,7 @@ def test_only_private_scratch_is_writable_and_nothing_persists(verifier):
     assert v.correct, v
     for d in ("/run/lock", "/var/tmp", "/tmp", "/dev/shm"):
         assert not os.path.exists(os.path.join(d, tag)), d  # nothing reached the host
-    leftover = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/dev/shm'))))"
-    assert run_stdout(verifier, leftover, "[]").correct  # and the next response starts empty
+    assert run_stdout(verifier, LEFTOVER, fresh_listing()).correct  # and the next response starts empty
 
 
 def host_unix_sockets() -> list[str]:
@@ -566,8 +578,7 @@ def test_no_way_out_of_a_test_skips_the_cleanup(verifier, name, ending):
     dirty = f"import os\nopen('/tmp/left-{os.getpid()}', 'w').write('x')\nopen('/dev/shm/left', 'w').write('x')\n{ending}\n"
     v, _ = judge(verifier, dirty)
     assert v.status is Status.wrong, (name, v)
-    leftover = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/dev/shm'))))"
-    assert run_stdout(verifier, leftover, "[]").correct, name
+    assert run_stdout(verifier, LEFTOVER, fresh_listing()).correct, name
 
 
 def test_no_file_lock_between_samples(verifier):
@@ -614,9 +625,15 @@ def test_a_python_installed_under_tmp_stays_importable(tmp_path_factory, monkeyp
     (site_dir / "magic_probe_module.py").write_text("ANSWER = 3\n")
     monkeypatch.setattr(runner, "_site_paths", lambda: [str(site_dir)])
     settings = SandboxSettings(slots=1, root="/tmp/magic-sandbox-test", uid_base=62070, test_timeout_seconds=4, processes=8)
+    probe = ("import magic_probe_module\nprint(magic_probe_module.ANSWER)", json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["3"]}))
     try:
         with Sandbox(settings) as sb:
-            v, _ = judge(CodeVerifier(sb), "import magic_probe_module\nprint(magic_probe_module.ANSWER)", json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["3"]}))
-        assert v.correct, v
+            v = CodeVerifier(sb)
+            assert judge(v, *probe)[0].correct
+            dirty = "import os\nopen('/tmp/left', 'w').write('x')\nos.makedirs('/tmp/d/e')\nprint(3)"
+            judge(v, dirty, probe[1])
+            expected = fresh_listing([str(site_dir)])
+            assert run_stdout(v, LEFTOVER, expected).correct  # emptied but for the way to the installation
+            assert judge(v, *probe)[0].correct  # which the cleanup left whole
     finally:
         shutil.rmtree(site_dir.parent, ignore_errors=True)

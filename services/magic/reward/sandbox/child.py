@@ -736,10 +736,14 @@ def _reap() -> None:
             return
 
 
-def _clean_workdir(workdir: str) -> None:
+def _clean_workdir(workdir: str, keep: frozenset[str] = frozenset()) -> None:
+    """Empty `workdir` but for the `keep` paths (the way to a Python installation bound into the
+    sandbox's /tmp: root's, read-only, never the program's)."""
     import shutil
 
     for entry in os.scandir(workdir):
+        if entry.path in keep:
+            continue
         try:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
@@ -899,7 +903,7 @@ def _serve(cfg: dict) -> None:
             killed = kill_uid(cfg["uid"])
             _reap()
             for scratch in cfg["scratch_dirs"]:
-                _clean_workdir(scratch)
+                _clean_workdir(scratch, frozenset(cfg.get("keep", ())))
             job = None
             _send({"op": "clean", "killed": killed})
         elif op == "quit":

@@ -130,6 +130,21 @@ def _ancestors(dirs: Iterable[str]) -> list[str]:
     return sorted(out, key=lambda p: (p.count("/"), p))
 
 
+def scratch_entries_kept(site_paths: Iterable[str], scratch_dirs: Iterable[str]) -> list[str]:
+    """The entries of the scratch tmpfs that lead to the Python installation (a virtualenv under
+    /tmp): made by bubblewrap, root's, kept when the slot is emptied.
+
+    >>> scratch_entries_kept([], ["/tmp"]) == sorted({"/tmp/" + d[len("/tmp/"):].split("/")[0] for d in python_dirs([]) if d.startswith("/tmp/")})
+    True
+    """
+    out = set()
+    for d in python_dirs(site_paths):
+        for scratch in scratch_dirs:
+            if d.startswith(scratch.rstrip("/") + "/"):
+                out.add(scratch.rstrip("/") + "/" + d[len(scratch.rstrip("/")) + 1 :].split("/")[0])
+    return sorted(out)
+
+
 def _root_entries() -> list[str]:
     """/usr, and /bin, /lib, /lib64, /sbin: as links where the host has merged /usr, else bound."""
     args = ["--ro-bind", "/usr", "/usr"]

@@ -69,6 +69,8 @@ from magic.reward.settings import SandboxSettings
 log = logging.getLogger(__name__)
 
 CHILD = Path(child.__file__)
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+"""The slot's private tmpfs, emptied after every response."""
 GRACE_SECONDS = 5.0
 """How much longer than a test's limit the helper may take to answer before it is replaced."""
 LCB_PRELUDE = (
@@ -244,7 +246,8 @@ class _Slot:
             "uid": self.uid,
             "gid": self.uid,
             "workdir": "/tmp",
-            "scratch_dirs": ["/tmp", "/dev/shm"],
+            "scratch_dirs": list(SCRATCH_DIRS),
+            "keep": confine.scratch_entries_kept(_site_paths(), SCRATCH_DIRS),
             "seccomp": self.confinement["seccomp"].hex(),
             "program_seccomp": self.confinement["program_seccomp"].hex(),
             "disk_bytes": s.disk_mb * 1024 * 1024,
