@@ -157,11 +157,7 @@ class VllmServer:
             raise VllmServerError(f"no vLLM interpreter at {self.config.python}: run `make vllm-venv` (or set MAGIC_VLLM_PYTHON)")
         self.port = self.config.port or free_port()
         if self.proc is not None:  # started before: what is left of that session (its engine core outlives a killed leader)
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
+            self._kill_session()
         if self._log is not None:
             self._log.close()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +203,14 @@ class VllmServer:
     def log_tail(self, lines: int = 30) -> str:
         return logs.tail(self.log_path, lines)
 
+    def _kill_session(self) -> None:
+        """SIGKILL every process of the server's session (it was started in its own), then reap the leader."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
     def stop(self, grace: float = 15.0) -> None:
         """Stop the server and whatever it started (its engine-core process): the whole session."""
         if self.proc is not None:
@@ -216,11 +220,7 @@ class VllmServer:
                     self.proc.wait(grace)
                 except (subprocess.TimeoutExpired, ProcessLookupError):
                     pass
-            try:  # the leader may be gone while its children are not
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
+            self._kill_session()  # the leader may be gone while its children are not
         if self._log is not None:
             self._log.close()
             self._log = None
