@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from magic.reward.sandbox.child import WireError
+from magic.reward.sandbox.child import WireError, unplain
 
 __all__ = ["WireError"]  # raised by from_wire and read_reports; defined with the wire format
 
@@ -222,42 +222,19 @@ class _Unmatched:
         return f"<{self.kind}>"
 
 
-def from_wire(obj: Any, depth: int = 0) -> Any:
-    """Decode a value a program reported (`sandbox_child.plain`'s tagged form), in time linear
-    in its size, for comparison with a ground truth that is JSON: lists, str-keyed dicts,
-    numbers, strings, tuples (a top-level tuple counts as a list) and complex numbers come out
-    as themselves; sets, bytes and dicts with other keys, which no JSON value equals, come out
-    opaque (`_Unmatched`). WireError if malformed.
+def from_wire(obj: Any) -> Any:
+    """Decode a value a program reported, in time linear in its size, for comparison with a
+    ground truth that is JSON: lists, str-keyed dicts, numbers, strings, tuples (a top-level tuple
+    counts as a list) and complex numbers come out as themselves; sets, bytes and dicts with other
+    keys, which no JSON value equals, come out opaque (`_Unmatched`). WireError if malformed. One
+    decoder: `sandbox_child.unplain`, shared with the judge.
 
     >>> from_wire({"$t": [1, {"$d": [["a", 2.5]]}]})
     (1, {'a': 2.5})
     >>> from_wire({"$s": [1, 2]}) == [1, 2], from_wire({"$d": [[1, 2]]}) == {"1": 2}
     (False, False)
     """
-    if depth > 200:
-        raise WireError("data nested too deeply")
-    if obj is None or type(obj) in (bool, int, float, str):
-        return obj
-    if type(obj) is list:
-        return [from_wire(v, depth + 1) for v in obj]
-    if type(obj) is dict and len(obj) == 1:
-        ((tag, v),) = obj.items()
-        if tag == "$t" and type(v) is list:
-            return tuple(from_wire(x, depth + 1) for x in v)
-        if tag == "$d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-            if all(type(k) is str for k, _ in v):  # str hashes are salted per process: no collisions to forge
-                return {k: from_wire(x, depth + 1) for k, x in v}
-            for k, x in v:
-                from_wire(k, depth + 1), from_wire(x, depth + 1)  # still well-formed
-            return _Unmatched("dict with non-string keys")
-        if tag in ("$s", "$fs", "$b") and type(v) in (list, str):
-            if type(v) is list:
-                for x in v:
-                    from_wire(x, depth + 1)
-            return _Unmatched({"$s": "set", "$fs": "frozenset", "$b": "bytes"}[tag])
-        if tag == "$c" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
-            return complex(float(v[0]), float(v[1]))
-    raise WireError(f"not plain data: {type(obj).__name__}")
+    return unplain(obj, opaque=_Unmatched)
 
 
 def call_matches(value: Any, expected: Any) -> bool:

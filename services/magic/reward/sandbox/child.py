@@ -128,35 +128,47 @@ def plain(value, depth: int = 0, ref=None):
     raise TypeError(f"not plain data: {t.__name__}")
 
 
-def unplain(obj, depth: int = 0, ref=None):
+def unplain(obj, depth: int = 0, ref=None, opaque=None):
     """Decode what `plain` made (WireError if malformed); ``{"$r": k}`` becomes ``ref(k)`` when
-    `ref` is given. Only exact built-in types come out: decoding runs no code of the sender."""
+    `ref` is given. Only exact built-in types come out: decoding runs no code of the sender.
+
+    With `opaque`, sets, bytes and dicts keyed by anything but strings are checked but not built:
+    they become ``opaque(kind)``, and nothing the sender chose is hashed — decoding is linear in
+    the data's size (a set of integers that all hash alike is quadratic to build). The reward
+    process decodes so (`magic.reward.code.cases.from_wire`); the judge builds every type."""
     if depth > 200:
         raise WireError("data nested too deeply")
     if obj is None or type(obj) in (bool, int, float, str):
         return obj
     if type(obj) is list:
-        return [unplain(v, depth + 1, ref) for v in obj]
+        return [unplain(v, depth + 1, ref, opaque) for v in obj]
     if type(obj) is dict and len(obj) == 1:
         ((tag, v),) = obj.items()
         if tag == "$t" and type(v) is list:
-            return tuple(unplain(x, depth + 1, ref) for x in v)
+            return tuple(unplain(x, depth + 1, ref, opaque) for x in v)
         if tag in ("$s", "$fs") and type(v) is list:
-            items = [unplain(x, depth + 1, ref) for x in v]
+            items = [unplain(x, depth + 1, ref, opaque) for x in v]
+            if opaque is not None:
+                return opaque("set" if tag == "$s" else "frozenset")
             try:
                 return set(items) if tag == "$s" else frozenset(items)
             except TypeError as exc:
                 raise WireError("unhashable set element") from exc
         if tag == "$d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-            try:
-                return {unplain(k, depth + 1, ref): unplain(x, depth + 1, ref) for k, x in v}
+            if opaque is not None and not all(type(k) is str for k, _ in v):
+                for k, x in v:
+                    unplain(k, depth + 1, ref, opaque), unplain(x, depth + 1, ref, opaque)
+                return opaque("dict with non-string keys")
+            try:  # str keys: their hashes are salted per process, so no collision can be forged
+                return {unplain(k, depth + 1, ref, opaque): unplain(x, depth + 1, ref, opaque) for k, x in v}
             except TypeError as exc:
                 raise WireError("unhashable dict key") from exc
         if tag == "$b" and type(v) is str:
             try:
-                return bytes.fromhex(v)
+                data = bytes.fromhex(v)
             except ValueError as exc:
                 raise WireError("malformed bytes") from exc
+            return opaque("bytes") if opaque is not None else data
         if tag == "$c" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
             return complex(float(v[0]), float(v[1]))
         if tag == "$r" and type(v) is int and ref is not None:
