@@ -12,15 +12,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-import redis
 from waiting import wait_for
-from world import SERVICES, AofRedis, World, assert_exactly_once, drive
+from world import World, assert_exactly_once, drive, running_world
 
-from magic.demo import task
-from magic.local.redis_server import free_port
-from magic.local.supervisor import Supervisor
 from magic.protocol import keys
 
 pytestmark = pytest.mark.e2e
@@ -28,18 +23,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def world(tmp_path, tiny_model_dir):
-    data = tmp_path / "train.jsonl"
-    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(7, 0, 40, 0)["train"])])
-    server = AofRedis(tmp_path / "redis").start()
-    port = free_port()
-    env = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp_path / "data"), "MAGIC_TORCH_THREADS": "1",
-           "MAGIC_HEARTBEAT_TTL_SECONDS": "4", "MAGIC_CHECKPOINT_EVERY": "1"}
-    w = World(Supervisor(tmp_path / "logs", env), server, redis.Redis.from_url(server.url), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10), port, data, tiny_model_dir)
-    for name in SERVICES:
-        w.start(name)
-    yield w
-    w.sup.stop_all()
-    server.stop()
+    with running_world(tmp_path, tiny_model_dir, MAGIC_CHECKPOINT_EVERY="1") as w:
+        yield w
 
 
 def recorded(w: World, run: str) -> int:

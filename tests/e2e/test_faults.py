@@ -17,15 +17,10 @@ import signal
 import time
 from collections import Counter
 
-import httpx
 import pytest
-import redis
 from waiting import wait_for
-from world import SERVICES, AofRedis, World, assert_exactly_once, drive
+from world import SERVICES, assert_exactly_once, drive, running_world
 
-from magic.demo import task
-from magic.local.redis_server import free_port
-from magic.local.supervisor import Supervisor
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.runtime import faults
@@ -36,18 +31,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model_dir):
-    tmp = tmp_path_factory.mktemp("faults")
-    data = tmp / "train.jsonl"
-    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(7, 0, 40, 0)["train"])])
-    server = AofRedis(tmp / "redis").start()
-    port = free_port()
-    env = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_HEARTBEAT_TTL_SECONDS": "4"}
-    w = World(Supervisor(tmp / "logs", env), server, redis.Redis.from_url(server.url), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10), port, data, tiny_model_dir)
-    for name in SERVICES:
-        w.start(name)
-    yield w
-    w.sup.stop_all()
-    server.stop()
+    with running_world(tmp_path_factory.mktemp("faults"), tiny_model_dir) as w:
+        yield w
 
 
 def test_fault_points_are_known():

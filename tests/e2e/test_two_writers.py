@@ -18,13 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from waiting import wait_for
-from world import SERVICES, AofRedis, World, assert_exactly_once
+from world import World, assert_exactly_once, running_world
 
-from magic.demo import task
 from magic.local.redis_server import free_port
-from magic.local.supervisor import Supervisor
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.streams import Stream
@@ -37,18 +34,8 @@ HEARTBEAT_TTL = "4"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model_dir):
-    tmp = tmp_path_factory.mktemp("two-writers")
-    data = tmp / "train.jsonl"
-    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(7, 0, 40, 0)["train"])])
-    server = AofRedis(tmp / "redis").start()
-    port = free_port()
-    env = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_HEARTBEAT_TTL_SECONDS": HEARTBEAT_TTL}
-    w = World(Supervisor(tmp / "logs", env), server, redis.Redis.from_url(server.url), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10), port, data, tiny_model_dir)
-    for name in SERVICES:
-        w.start(name)
-    yield w
-    w.sup.stop_all()
-    server.stop()
+    with running_world(tmp_path_factory.mktemp("two-writers"), tiny_model_dir, MAGIC_HEARTBEAT_TTL_SECONDS=HEARTBEAT_TTL) as w:
+        yield w
 
 
 def paused(pid: int) -> bool:

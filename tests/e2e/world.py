@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import httpx
 import redis
 from waiting import answers, wait_for
 
+from magic.demo import task
 from magic.local.redis_server import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol import keys
@@ -105,6 +108,25 @@ class World:
             return self.api.get(f"/v1/runs/{name}").json()
         except httpx.HTTPError:
             return None  # the controller is restarting
+
+
+@contextmanager
+def running_world(tmp: Path, model: Path, **env: str) -> Iterator[World]:
+    """The four services as processes over an `AofRedis` under `tmp`, with the demo's training
+    file; `env` adds MAGIC_* settings every service gets. Stopped, Redis included, on exit."""
+    data = tmp / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(7, 0, 40, 0)["train"])])
+    server = AofRedis(tmp / "redis").start()
+    port = free_port()
+    base = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_HEARTBEAT_TTL_SECONDS": "4"}
+    w = World(Supervisor(tmp / "logs", {**base, **env}), server, redis.Redis.from_url(server.url), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10), port, data, model)
+    try:
+        for name in SERVICES:
+            w.start(name)
+        yield w
+    finally:
+        w.sup.stop_all()
+        server.stop()
 
 
 def drive(w: World, run: str, fault_plan: dict[str, list[str]], timeout: float = 150) -> tuple[dict, list[str]]:
