@@ -261,3 +261,34 @@ def test_pass_rates_endpoint(client, r, tiny_model_dir, data):
     body = client.get("/v1/runs/r1/pass-rates").json()
     assert body["pass_rates"] == {"train:1": "0/4", "train:2": "2/4"} and body["filtering"]["dropped_estimated_0"] == 1
     assert client.get("/v1/runs/nope/pass-rates").status_code == 404
+
+
+def test_livez_fails_while_a_run_driver_is_frozen_and_recovers(r, tmp_path, tiny_model_dir, data):
+    """The driver's loop is frozen inside a real call (as on a Redis socket that never answers):
+    /livez turns 503 naming the run once it has not come round for liveness_stall_seconds; the
+    API itself still answers, and thawed, the controller is live again."""
+    import threading
+
+    settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, worker_wait_seconds=600, liveness_stall_seconds=0.5)
+    with TestClient(create_app(settings, r)) as client:
+        assert client.post("/v1/runs", json=run_spec(tiny_model_dir, data), headers=AUTH).status_code == 201
+        wait_status(client, "r1", "running")
+        assert client.get("/livez").status_code == 200
+        driver = client.app.state.controller.drivers["r1"]
+        thaw = threading.Event()
+        sample = driver.stream_sampler.maybe_sample
+        driver.stream_sampler.maybe_sample = lambda: (thaw.wait(30), sample())
+        try:
+            deadline = time.monotonic() + 10
+            while (resp := client.get("/livez")).status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert resp.status_code == 503 and resp.text.startswith("hung: run r1: the main loop has made no progress"), resp.text
+            assert client.get("/v1/runs/r1").status_code == 200
+        finally:
+            driver.stream_sampler.maybe_sample = sample
+            thaw.set()
+        deadline = time.monotonic() + 10
+        while client.get("/livez").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/livez").status_code == 200
+        assert client.post("/v1/runs/r1/stop", headers=AUTH).status_code == 200

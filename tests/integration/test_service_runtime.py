@@ -87,3 +87,65 @@ def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
     assert serve("rollout", settings(redis_server), attach) == 0
     assert attached == ["lives", "lives"] and len(closed) == 2
     assert r.xlen(keys.RunKeys("lives").events) == 0
+
+
+def test_a_frozen_main_loop_fails_livez_and_stops_the_heartbeat_until_it_moves_again(r, redis_server):
+    """The loop is frozen inside a poll (as a learner blocked in a broadcast): /livez turns 503
+    after liveness_stall_seconds and the worker's heartbeat key expires, while the HTTP thread and
+    the heartbeat thread themselves are fine; thawed, both come back."""
+    import threading
+    import time
+
+    import httpx
+
+    from magic.local.redis_server import free_port
+
+    port = free_port()
+    frozen, thawed, done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+    r.set(keys.ACTIVE_RUN, "hangs")
+    hb_key = keys.heartbeat("rollout", "w-0")
+
+    class Freezing(Worker):
+        def poll(self) -> None:
+            if not frozen.is_set():
+                frozen.set()
+                thawed.wait(30)
+            elif done.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                time.sleep(0.05)
+
+    def livez() -> httpx.Response:
+        return httpx.get(f"http://127.0.0.1:{port}/livez", timeout=5)
+
+    def observe() -> None:
+        try:
+            frozen.wait(30)
+            seen["frozen_at_first"] = (livez().status_code, r.exists(hb_key))
+            deadline = time.monotonic() + 10
+            while livez().status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["hung"] = livez().text
+            time.sleep(1.0)  # > the heartbeat's ttl
+            seen["heartbeat_while_hung"] = r.exists(hb_key)
+            thawed.set()
+            deadline = time.monotonic() + 10
+            while livez().status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            seen["after"] = (livez().status_code, r.exists(hb_key))
+        finally:
+            thawed.set()
+            done.set()
+
+    watcher = threading.Thread(target=observe, daemon=True)
+    watcher.start()
+    s = ServiceSettings(redis_url=redis_server.url, worker_name="w-0", heartbeat_seconds=0.1, heartbeat_ttl_seconds=0.5,
+                        liveness_stall_seconds=1.0, metrics_port=port)
+    assert serve("rollout", s, lambda _channels: Freezing()) == 0
+    watcher.join(5)
+    assert seen["frozen_at_first"] == (200, 1)
+    assert seen["hung"].startswith("hung: the main loop has made no progress for ") and "(limit 1 s)" in seen["hung"]
+    assert seen["heartbeat_while_hung"] == 0  # a hung worker is not a live worker
+    assert seen["after"] == (200, 1)

@@ -45,6 +45,11 @@ class ServiceSettings(BaseSettings):
     """A worker whose heartbeat is older than this is considered dead; its pending messages are reclaimed."""
     max_deliveries: int = Field(default=5, ge=1)
     """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream."""
+    liveness_stall_seconds: float = Field(default=600.0, gt=0)
+    """/livez fails (and the heartbeat stops) once the main loop has not come round for this long
+    (`magic.runtime.liveness`): longer than the longest single unit of work of the service."""
+    attach_timeout_seconds: float = Field(default=1800.0, gt=0)
+    """How long attaching to a run (loading the model) may take before the process counts as hung."""
     fault_points: str = ""
     """Testing only: `point[@step],...` — the process kills itself (SIGKILL) on reaching one of
     these named commit points of a step (`magic.runtime.faults`); empty in production."""

@@ -90,8 +90,9 @@ def create_app(settings: ControllerSettings | None = None, r: Redis | None = Non
         return JSONResponse({"detail": f"Redis is unavailable: {exc}"}, status.HTTP_503_SERVICE_UNAVAILABLE)
 
     @app.get("/livez", response_class=PlainTextResponse, include_in_schema=False)
-    def livez() -> str:
-        return "ok"
+    def livez(c: ControllerDep) -> Response:
+        why = c.stalled()
+        return PlainTextResponse("ok") if why is None else PlainTextResponse(f"hung: {why}", status_code=503)
 
     @app.get("/readyz", response_class=PlainTextResponse, include_in_schema=False)
     def readyz(c: ControllerDep) -> Response:

@@ -45,6 +45,7 @@ from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.protocol.status import TERMINAL, Phase, RunStatus
 from magic.runtime import faults
+from magic.runtime.liveness import LoopWatch
 from magic.store.client import RedisError, is_retryable, run_gone
 from magic.store.lease import LeaseLost, RedisLostData, RunEnded
 from magic.store.runs import Runs, finite
@@ -89,6 +90,7 @@ class StepDriver(threading.Thread):
         self.wake = threading.Event()  # set by the API after a request, to react at once
         self.stream_sampler = StreamSampler(self.channels)
         self.retention = self.store.retention(settings.filter_group, enabled=settings.trim_streams)
+        self.watch = LoopWatch(settings.liveness_stall_seconds)  # the controller's /livez: `Controller.stalled`
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -98,8 +100,9 @@ class StepDriver(threading.Thread):
         try:
             while not self.shutdown.is_set():
                 try:
-                    if not self.lease.acquire(self.shutdown, given_up=lambda: self.store.status() in TERMINAL):
-                        return
+                    with self.watch.allowing(float("inf"), "standing by for the lease"):  # acquire() waits in a bounded loop
+                        if not self.lease.acquire(self.shutdown, given_up=lambda: self.store.status() in TERMINAL):
+                            return
                 except RedisLostData as exc:
                     self._fail(exc)
                     return
@@ -114,6 +117,8 @@ class StepDriver(threading.Thread):
             self.lease.release()
 
     def _renew_lease(self) -> None:
+        """Every waiting loop of the driver comes through here: it is also the driver's beat."""
+        self.watch.beat()
         if not self.lease.renew():
             raise LeaseLost(f"run {self.run_id}: the controller lease of {self.holder} was lost (now {self.lease.holder_now() or 'nobody'})")
 

@@ -43,10 +43,12 @@ from magic.learner.ledger import StepLedger
 from magic.learner.settings import LearnerSettings
 from magic.learner.trainer import Trainer
 from magic.observability import metrics as m
+from magic.observability.metrics import registry_of, serve_http
 from magic.observability.logs import setup_logging
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.runtime import faults
+from magic.runtime.liveness import LoopWatch
 from magic.runtime.service import Worker, WorkerRestart, serve
 from magic.store.channels import RunChannels
 from magic.store.lease import LEARNER, LeaseLost, RedisLostData, RunEnded
@@ -345,11 +347,19 @@ def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str 
 
 
 def follow(settings: LearnerSettings) -> int:
-    """Ranks > 0: execute rank 0's collective operations until it stops."""
+    """Ranks > 0: execute rank 0's collective operations until it stops.
+
+    Waiting for the next command may take as long as rank 0 wants (a rollout phase, no active
+    run); executing one may not take longer than `liveness_stall_seconds`. The first rank of each
+    further pod (LOCAL_RANK 0) serves the pod's /livez and /readyz on the metrics port."""
+    watch = LoopWatch(settings.liveness_stall_seconds)
+    if settings.local_rank == 0 and settings.metrics_port is not None:
+        serve_http(settings.metrics_port, lambda: True, registry=registry_of(SERVICE), stalled=watch.stalled)
     trainer: Trainer | None = None
     while True:
         box = [None]
-        torch.distributed.broadcast_object_list(box, src=0)
+        with watch.allowing(float("inf"), "waiting for rank 0's next command"):
+            torch.distributed.broadcast_object_list(box, src=0)
         cmd, *args = box[0]
         if cmd == "attach":
             _, spec_json, model_dir, ckpt = args
@@ -369,6 +379,7 @@ def follow(settings: LearnerSettings) -> int:
             return 0
         else:
             raise RuntimeError(f"unknown learner command {cmd!r}")
+        watch.beat()
 
 
 def run(settings: LearnerSettings | None = None) -> int:

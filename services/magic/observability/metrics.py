@@ -237,11 +237,14 @@ def serve_http(
     max_body_bytes: int = 64 * 1024 * 1024,
     idle_timeout_seconds: float = 30.0,
     registry: CollectorRegistry = REGISTRY,
+    stalled: Callable[[], str | None] = lambda: None,
 ) -> ThreadingHTTPServer:
     """Serve /metrics, /livez and /readyz — and any `post_routes` (the reward service's
     POST /v1/score) — on `port` from a daemon thread; returns the server (its
-    `server_address` has the real port when `port` is 0). A connection idle (or sending its
-    request slower) than `idle_timeout_seconds` is closed, so idle clients cannot pin threads."""
+    `server_address` has the real port when `port` is 0). /livez answers 503 with the reason
+    while `stalled()` says why the process is hung (`magic.runtime.liveness.LoopWatch.stalled`).
+    A connection idle (or sending its request slower) than `idle_timeout_seconds` is closed, so
+    idle clients cannot pin threads."""
     routes = dict(post_routes or {})
 
     class Handler(BaseHTTPRequestHandler):
@@ -251,7 +254,8 @@ def serve_http(
             if self.path.startswith("/metrics"):
                 body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
             elif self.path == "/livez":
-                body, status, ctype = b"ok\n", 200, "text/plain"
+                why = stalled()
+                body, status, ctype = (b"ok\n", 200, "text/plain") if why is None else (f"hung: {why}\n".encode(), 503, "text/plain")
             elif self.path == "/readyz":
                 ok = ready()
                 body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from magic.config.schema import PenaltySettings
 from magic.observability.logs import setup_logging
 from magic.observability.metrics import registry_of, serve_http
+from magic.runtime.liveness import LoopWatch
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI
@@ -148,13 +149,14 @@ def run(settings: RewardSettings | None = None) -> int:
     setup_logging(SERVICE, settings.worker_name, settings.log_level)
     scorer = Scorer(settings)
     threading.Thread(target=_warm_up, args=(scorer,), name="reward-warm-up", daemon=True).start()
+    watch = LoopWatch(settings.liveness_stall_seconds)
     if settings.metrics_port is not None:  # one port: probes, metrics and POST /v1/score
         api = ScoreAPI(scorer, settings.max_request_samples, settings.api_token)
         if settings.api_token is None:
             log.warning("MAGIC_API_TOKEN is not set: POST /v1/score refuses every request")
-        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle}, registry=registry_of(SERVICE))
+        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle}, registry=registry_of(SERVICE), stalled=watch.stalled)
     try:
         runtime = settings.model_copy(update={"metrics_port": None})  # the endpoint is already up
-        return serve(SERVICE, runtime, lambda channels: RewardWorker(channels, settings, scorer))
+        return serve(SERVICE, runtime, lambda channels: RewardWorker(channels, settings, scorer), watch)
     finally:
         scorer.close()

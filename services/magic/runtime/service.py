@@ -7,6 +7,11 @@ A `Worker` attaches to one run (creates its consumer groups, loads what it needs
 the run are noticed promptly. The runtime owns the Redis connection, the heartbeat, the
 /metrics endpoint and signal handling; workers never reach back into it.
 
+Liveness. The loop beats a `LoopWatch` each time it comes round (attaching may take up to
+`attach_timeout_seconds`); /livez fails and the Redis heartbeat stops once it has not come round
+for `liveness_stall_seconds` — a poll that never returns is a hung process
+(`magic.runtime.liveness`).
+
 Faults. A retryable Redis error (`magic.store.client.RETRYABLE`: Redis restarting or loading its
 AOF, a refusal at `maxmemory`) detaches the worker and re-attaches it once Redis answers again,
 so its state is rebuilt from what Redis holds (which may have lost the last second of writes).
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from magic.config.settings import ServiceSettings
 from magic.observability.logs import redact_url, setup_logging
 from magic.observability.metrics import declare_service, registry_of, serve_http
+from magic.runtime.liveness import LoopWatch
 from magic.store.channels import RunChannels
 from magic.store.client import answers, connect, is_retryable, run_gone, wait_for_redis
 from magic.store.heartbeat import Heartbeat
@@ -62,9 +68,10 @@ class WorkerRestart(RuntimeError):
     entries are re-read by the new one (same consumer name)."""
 
 
-def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels], Worker]) -> int:
+def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels], Worker], watch: LoopWatch | None = None) -> int:
     """Run `service` until SIGTERM/SIGINT: attach to each active run in turn and poll it. `attach`
-    builds the service's worker over the run's channels."""
+    builds the service's worker over the run's channels. `watch`: the process's liveness, when its
+    endpoint is served elsewhere (the reward service's); else one from the settings."""
     setup_logging(service, settings.worker_name, settings.log_level)
     if settings.torch_threads and importlib.util.find_spec("torch") is not None:
         import torch  # heavy, and only in the images of the services that compute with it
@@ -93,14 +100,16 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
     def status() -> dict:
         return {"run": run_id, **(worker.status() if worker else {})}
 
-    heartbeat = Heartbeat(r, service, settings.worker_name, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds, status).start()
+    watch = watch or LoopWatch(settings.liveness_stall_seconds)
+    heartbeat = Heartbeat(r, service, settings.worker_name, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds, status, watch.stalled).start()
     declare_service(service)
     if settings.metrics_port is not None:
-        serve_http(settings.metrics_port, ready, registry=registry_of(service))
+        serve_http(settings.metrics_port, ready, registry=registry_of(service), stalled=watch.stalled)
     log.info("%s %s up (redis %s)", service, settings.worker_name, redact_url(settings.redis_url))
     backoff = 0.5
     try:
         while not stop.is_set():
+            watch.beat()
             try:
                 current = active_run(r)
                 if current != run_id and worker is not None:
@@ -116,7 +125,8 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
                     log.info("attaching to run %s", run_id)
                     attaching.set()
                     try:
-                        worker = attach(channels)
+                        with watch.allowing(settings.attach_timeout_seconds, f"attaching to run {run_id}"):
+                            worker = attach(channels)
                     finally:
                         attaching.clear()
                 worker.poll()

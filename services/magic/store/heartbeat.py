@@ -43,7 +43,8 @@ class Heartbeat:
 
     `status` is called at each beat; what it returns is stored as the key's JSON value (the
     controller shows it in run status). The key expires `ttl` seconds after the last beat, so a
-    killed process disappears on its own.
+    killed process disappears on its own — and so does a hung one: no beat while `stalled()`
+    says why the process's main loop is stuck (`magic.runtime.liveness`).
     """
 
     def __init__(
@@ -54,12 +55,14 @@ class Heartbeat:
         interval: float,
         ttl: float,
         status: Callable[[], dict] | None = None,
+        stalled: Callable[[], str | None] = lambda: None,
     ):
         self.r = r
         self.key = keys.heartbeat(service, worker)
         self.interval = interval
         self.ttl_ms = int(ttl * 1000)
         self.status = status or (lambda: {})
+        self.stalled = stalled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{service}", daemon=True)
 
@@ -82,7 +85,17 @@ class Heartbeat:
             pass
 
     def _run(self) -> None:
+        silent = False
         while not self._stop.wait(self.interval):
+            why = self.stalled()
+            if why is not None:
+                if not silent:
+                    log.error("heartbeat stopped: %s", why)
+                silent = True
+                continue
+            if silent:
+                log.warning("heartbeat resumed: the main loop made progress again")
+                silent = False
             try:
                 self.beat()
             except redis.RedisError as exc:  # keep beating once Redis is back

@@ -71,6 +71,14 @@ class Controller:
         finally:
             lease.release()
 
+    def stalled(self) -> str | None:
+        """Why a run's driver is hung (its loop has not come round for `liveness_stall_seconds`),
+        or None: the controller's /livez."""
+        for run_id, d in list(self.drivers.items()):
+            if d.is_alive() and (why := d.watch.stalled()) is not None:
+                return f"run {run_id}: {why}"
+        return None
+
     def shutdown(self) -> None:
         for d in self.drivers.values():
             d.shutdown.set()
