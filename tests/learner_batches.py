@@ -60,3 +60,26 @@ def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: l
     pipe.execute()
     for g in groups:
         Stream(r, keys.RunKeys(run_id).scored).add(g)
+
+
+RECORD_KEYS = ("loss", "pg_loss", "entropy", "kl_old", "kl_ref", "grad_norm", "pg_clipfrac_high", "pg_clipfrac_low", "tokens_trained")
+"""The step-record figures every learner shape must agree on."""
+
+
+def single_process(model_dir, steps: int = 2) -> tuple[list[dict], dict]:
+    """The reference: `steps` steps of `scored_groups(k, 4, 4, ..., seed=3)` trained in this process
+    on the torch backend (chunk 5, max_grad_norm 1); (step records, final weights)."""
+    import torch
+
+    from magic import modeling
+    from magic.config.schema import OptimConfig
+    from magic.learner.backends import TorchBackend
+    from magic.learner.trainer import Trainer
+
+    optim = OptimConfig(max_grad_norm=1.0)
+    model = modeling.load_model(model_dir)
+    trainer = Trainer(TorchBackend(model, optim, torch.device("cpu"), chunk_size=5), optim, 0, 28,
+                      reference=modeling.load_model(model_dir).requires_grad_(False), chunk_size=5)
+    vocab = modeling.load_model_config(model_dir).vocab_size
+    records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(steps)]
+    return records, modeling.export_state_dict(model)

@@ -140,7 +140,10 @@ def test_services_have_probes_and_settings(rendered, name):
     for kind, component in WORKLOADS:
         spec = pod_spec(docs, kind, component)
         c = container(spec, component)
-        assert c["args"] == ["serve", component]
+        if c.get("command") == ["torchrun"]:  # a learner of several ranks (tests/deploy/test_learner_job.py runs it)
+            assert component == "learner" and c["args"][-2:] == ["--module", "magic.learner"]
+        else:
+            assert c["args"] == ["serve", component]
         port = "http" if component == "controller" else "metrics"
         assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port}
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
@@ -197,7 +200,8 @@ def test_vllm_port_is_open_only_to_rollout_and_learner(rendered, name):
         sources = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]}
         assert sources == {"rollout", "learner"} and len(rule["from"]) == 2, rule
     learner_rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-learner")["spec"]["ingress"]
-    assert all(rule.get("ports") == [{"port": "metrics"}] or rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rollout" for rule in learner_rules)
+    peers = {"rollout"} | ({"learner"} if one(docs, "StatefulSet", f"{RELEASE}-magic-learner")["spec"]["replicas"] > 1 else set())  # its ranks on other pods
+    assert {rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for rule in learner_rules if rule.get("ports") != [{"port": "metrics"}]} == peers
 
 
 # -- the value sets ----------------------------------------------------------------------------------
@@ -261,6 +265,8 @@ def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
     assert spec["runtimeClassName"] == "nvidia"
     learner = pod_spec(docs, "StatefulSet", "learner")
     assert gpus(container(learner, "learner")) == 8
+    assert one(docs, "StatefulSet", f"{RELEASE}-magic-learner")["spec"]["replicas"] == 2  # 8 GPUs x 2 nodes: 16 ranks
+    assert "--nproc-per-node=8" in container(learner, "learner")["args"] and env(container(learner, "learner"))["MAGIC_BACKEND"] == "deepspeed"
     transport = json.loads(env(container(learner, "learner"))["MAGIC_WEIGHT_TRANSPORT"])
     assert transport == {"type": "nccl", "master_address": "$(MAGIC_POD_IP)"}
     assert json.loads(env(container(spec, "rollout"))["MAGIC_WEIGHT_TRANSPORT"]) == {"type": "nccl"}
@@ -384,7 +390,9 @@ INVALID = [
     ({"rollout": {"replicas": -1}}, "/rollout/replicas"),
     ({"rollout": {"gpus": 0}}, "/rollout/gpus"),  # vLLM needs a GPU: use engine=torch on CPU
     ({"controller": {"replicas": 2}}, "/controller/replicas"),  # one step barrier per deployment
-    ({"learner": {"replicas": 2}}, "/learner/replicas"),
+    ({"learner": {"replicas": 1}}, "/learner"),  # gone: nodes x gpus
+    ({"learner": {"nodes": -1}}, "/learner/nodes"),
+    ({"learner": {"zeroStage": 4}}, "/learner/zeroStage"),
     ({"learner": {"gpus": 1.5}}, "/learner/gpus"),
     ({"redis": {"enabled": False}}, "/externalRedis"),  # needs a URL or a Secret
     ({"redis": {"enabled": False}, "externalRedis": {"url": "http://redis:6379"}}, "/externalRedis/url"),

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO on CPU (gloo): 1 and 2 ranks give the single-process loss and weights, ZeRO-3
-weights can be gathered for publishing, and the checkpoint is written in HF format."""
+weights can be gathered for publishing, and the checkpoint is written in HF format. The learner
+*service* on several ranks, as the chart starts it: tests/deploy/test_learner_job.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import deepspeed  # noqa: F401  (in the dev extra: a missing DeepSpeed fails here rather than skipping)
 import pytest
 import torch
-from learner_batches import publish_step, scored_groups, stage
+import learner_batches
+from learner_batches import scored_groups, stage
 
 from magic import modeling
 from magic.config.schema import OptimConfig
@@ -20,7 +22,7 @@ from magic.learner.backends import TorchBackend
 from magic.learner.trainer import Trainer
 
 SCRIPT = Path(__file__).with_name("learner_ranks.py")
-KEYS = ("loss", "pg_loss", "entropy", "kl_old", "kl_ref", "grad_norm", "pg_clipfrac_high", "pg_clipfrac_low", "tokens_trained")
+KEYS = learner_batches.RECORD_KEYS
 
 
 def _free_port() -> int:
@@ -51,13 +53,7 @@ def launch(model_dir: Path, out: Path, world: int, zero_stage: int, *extra: str)
 
 @pytest.fixture(scope="module")
 def single_process(tiny_model_dir):
-    optim = OptimConfig(max_grad_norm=1.0)
-    model = modeling.load_model(tiny_model_dir)
-    trainer = Trainer(TorchBackend(model, optim, torch.device("cpu"), chunk_size=5), optim, 0, 28,
-                      reference=modeling.load_model(tiny_model_dir).requires_grad_(False), chunk_size=5)
-    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
-    records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(2)]
-    return records, modeling.export_state_dict(model)
+    return learner_batches.single_process(tiny_model_dir)
 
 
 @pytest.mark.parametrize("world, zero_stage", [(1, 2), (2, 2), (2, 3)])
@@ -77,57 +73,6 @@ def test_deepspeed_ranks_match_a_single_process(tiny_model_dir, tmp_path, single
     reloaded = modeling.export_state_dict(modeling.load_model(ckpt))
     for k, v in got["state"].items():
         assert torch.equal(reloaded[k], v), k
-
-
-@pytest.mark.integration
-def test_the_learner_service_trains_on_two_deepspeed_ranks(r, redis_server, tiny_model_dir, tmp_path, single_process):
-    """`python -m magic.learner` on 2 ranks: rank 0 reads the stream and broadcasts each step to
-    rank 1; the step records equal a single process's; both ranks stop cleanly."""
-    import time
-
-    from magic.config.schema import RunSpec
-    from magic.protocol import keys
-    from magic.protocol.pb import messages_pb2 as pb
-    from magic.store.streams import Stream
-
-    run_id = "ranks"
-    spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[stage(steps=2)])
-    k = keys.RunKeys(run_id)
-    r.set(k.spec, spec.model_dump_json())
-    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
-    for step in range(2):
-        publish_step(r, run_id, step, spec.stages[0], scored_groups(step, 4, 4, vocab, seed=3))
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MAGIC_BACKEND="deepspeed", MAGIC_ZERO_STAGE="3", MAGIC_REDIS_URL=redis_server.url,
-                   MAGIC_DATA_DIR=str(tmp_path), MAGIC_MICRO_BATCH_TOKENS="64", MAGIC_LOGPROB_CHUNK_SIZE="5", MAGIC_TORCH_THREADS="1",
-                   MAGIC_CHECKPOINT_EVERY="1", MAGIC_WORKER_NAME=f"learner-{rank}")
-        procs.append(subprocess.Popen([sys.executable, "-m", "magic.learner"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        r.set(keys.ACTIVE_RUN, run_id)
-        deadline = time.monotonic() + 120
-        done: list = []
-        while time.monotonic() < deadline and len(done) < 2:
-            assert all(p.poll() is None for p in procs), [p.communicate()[0][-3000:] for p in procs]
-            done = [e.step_completed for _, e in Stream(r, k.events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
-            time.sleep(0.2)
-        assert len(done) == 2, "the learner did not train both steps"
-        r.delete(keys.ACTIVE_RUN)  # the run ends: rank 0 detaches and tells rank 1
-        time.sleep(1.5)
-        procs[0].terminate()
-        logs = [p.communicate(timeout=60)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], [x[-3000:] for x in logs]
-    ref_records, _ = single_process
-    for a, b in zip(ref_records, done):
-        for key in KEYS:
-            assert b.metrics[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
-    assert (tmp_path / "runs" / run_id / "checkpoints" / "step-00000001" / "COMPLETE").exists()
 
 
 def test_deepspeed_bf16_with_checkpointing_matches_the_torch_bf16_step(tiny_model_dir, tmp_path):

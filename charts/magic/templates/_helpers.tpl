@@ -274,6 +274,10 @@ with the bundled Redis's ACL users (redis.acl.enabled) each role connects as its
 {{- define "magic.workerContainerCommon" -}}
 securityContext:
   {{- include "magic.securityContext" . | nindent 2 }}
+{{- with .values.startupProbe }}
+startupProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .values.livenessProbe }}
 livenessProbe:
   {{- toYaml . | nindent 2 }}

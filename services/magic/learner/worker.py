@@ -29,6 +29,7 @@ gradients, entropy and token counts with the others.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -376,6 +377,7 @@ def follow(settings: LearnerSettings) -> int:
         elif cmd == "detach":
             trainer = None
         elif cmd == "stop":
+            log.info("rank %d stopped with rank 0", torch.distributed.get_rank())
             return 0
         else:
             raise RuntimeError(f"unknown learner command {cmd!r}")
@@ -393,6 +395,10 @@ def run(settings: LearnerSettings | None = None) -> int:
         setup_logging(SERVICE, f"{settings.worker_name}-rank{rank}", settings.log_level)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        # A launcher stopping its pod signals every rank at once; a follower that died on it would
+        # fail rank 0's last collectives. It finishes what rank 0 asks, up to rank 0's "stop".
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: log.info("signal %d: stopping when rank 0 does", signum))
         return follow(settings)
     try:
         return serve(SERVICE, settings, lambda channels: LearnerWorker(channels, settings))
