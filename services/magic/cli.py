@@ -259,7 +259,23 @@ def render_status(view: dict) -> str:
     if last:
         figures = ("reward_mean", "accuracy_all", "entropy", "response_clip_ratio", "response_length_mean", "step_seconds_total")
         lines.append("last step " + str(last["step"]) + ": " + "  ".join(f"{k} {last[k]:.3f}" for k in figures if isinstance(last.get(k), (int, float))))
+    val = view.get("validation")
+    if val:
+        lines.append(f"held-out (policy version {val['policy_version']}):")
+        lines += [f"  {line}" for line in render_figures(val["datasets"]).splitlines()]
     return "\n".join(lines)
+
+
+def render_figures(figures: dict[str, dict]) -> str:
+    """Held-out figures per dataset (`magic.evaluation.Figures` as dicts) as a table."""
+    rows = [f"{'dataset':20s} {'prompts':>7s} {'avg@n':>12s} {'pass@k':>12s} {'95% CI':>15s} {'length':>8s} {'truncated':>9s}"]
+    for name, f in figures.items():
+        rows.append(
+            f"{name:20s} {f['prompts']:7d} {'avg@' + str(f['samples']) + ' ' + format(f['avg_at_n'], '.3f'):>12s} "
+            f"{'pass@' + str(f['k']) + ' ' + format(f['pass_at_k'], '.3f'):>12s} {'[' + format(f['pass_at_k_ci_low'], '.3f') + ', ' + format(f['pass_at_k_ci_high'], '.3f') + ']':>15s} "
+            f"{f['response_length_mean']:8.1f} {f['truncated_ratio']:9.3f}"
+        )
+    return "\n".join(rows)
 
 
 def _status(client, args: argparse.Namespace) -> int:

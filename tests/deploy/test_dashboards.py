@@ -103,6 +103,8 @@ def test_training_dashboard_covers_the_recipe():
         "magic_response_clip_ratio", "magic_pg_clipfrac", "magic_accuracy", "magic_reward_mean",
         "magic_response_length_tokens", "magic_kl", "magic_stage", "magic_context_length", "magic_step_seconds",
         "magic_policy_version", "magic_zero_adv_group_ratio",
+        "magic_validation_avg_at_k", "magic_validation_pass_at_k", "magic_validation_pass_at_k_ci",  # held-out accuracy per dataset
+        "magic_validation_response_length_tokens", "magic_validation_truncated_ratio", "magic_validation_policy_version",
     }
     assert expected <= queried("training"), expected - queried("training")
     exprs = " ".join(q.expr for q in QUERIES if q.dashboard == "training")
@@ -177,10 +179,12 @@ def test_thresholds_mark_what_the_alerts_watch():
 def test_step_indexed_views_plot_against_the_learner_step():
     board = load_dashboards()["training"]
     xy = [p for p in board["panels"] if p["type"] == "xychart"]
-    assert {p["title"] for p in xy} == {"Entropy by step", "Accuracy and truncation by step"}
+    assert {p["title"] for p in xy} == {"Entropy by step", "Accuracy and truncation by step", "Held-out accuracy by step"}
     for panel in xy:
         x = next(t for t in panel["targets"] if t["legendFormat"] == panel["options"]["dims"]["x"])
-        assert [name for name, _ in selectors(x["expr"].replace("$release", ".*").replace("$namespace", ".*"))] == ["magic_learner_step"]
+        # held-out figures are of the policy version validated (= the step whose record carries them)
+        step = "magic_validation_policy_version" if panel["title"].startswith("Held-out") else "magic_learner_step"
+        assert [name for name, _ in selectors(x["expr"].replace("$release", ".*").replace("$namespace", ".*"))] == [step]
         assert panel["transformations"] == [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}]
 
 

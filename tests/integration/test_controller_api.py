@@ -187,6 +187,28 @@ def test_run_validation_names_the_field(client, tiny_model_dir, data):
     assert client.get("/v1/runs").json() == []
 
 
+def test_validation_block_bad_input_is_422_naming_the_field(client, tiny_model_dir, data, tmp_path):
+    def post(**validation):
+        return client.post("/v1/runs", json=run_spec(tiny_model_dir, data, validation={"datasets": ["held"], "every": 2, **validation}), headers=AUTH)
+
+    resp = post()
+    assert resp.status_code == 422
+    err = resp.json()["detail"][0]
+    assert err["loc"] == ["body", "validation", "datasets", 0] and "no dataset registered as 'held'" in err["msg"]
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text(json.dumps({"prompt": "2+2", "reward_model": {"ground_truth": "4"}}) + "\n" + json.dumps({"prompt": "?", "reward_model": {"ground_truth": " "}}) + "\n")
+    assert client.post("/v1/datasets", json={"name": "held", "path": str(blank)}, headers=AUTH).status_code == 201
+    resp = post()
+    assert resp.status_code == 422 and "record held:2 has no ground truth" in resp.json()["detail"][0]["msg"]
+    resp = post(k=0)
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "k"
+    resp = post(every=5)  # the plan runs 4 steps
+    assert resp.status_code == 422 and "longer than the plan (4 steps)" in resp.json()["detail"][0]["msg"]
+    resp = post(datasets=["train"], T=100_000)  # the tiny model's window is 256 tokens
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "validation", "context_length"]
+    assert client.get("/v1/runs").json() == []
+
+
 def test_pause_resume_stop(client, tiny_model_dir, data):
     client.post("/v1/runs", json=run_spec(tiny_model_dir, data), headers=AUTH)
     wait_status(client, "r1", "running")

@@ -332,6 +332,47 @@ class EstimationConfig(BaseModel):
         return next((n for p, n in self.samples_by_source.items() if fnmatch.fnmatchcase(ds, p.lower())), self.samples)
 
 
+class ValidationConfig(BaseModel):
+    """Held-out validation during the run (verl's `test_freq`, Skywork-OR1's avg@k curves): every
+    `every` steps — and before the first — the controller samples each prompt of the validation
+    datasets `samples` times with the current policy version, through the same rollout and reward
+    services as training (never reaching the learner), and records per dataset avg@n, pass@k
+    with a 95% confidence interval, mean response length and truncated share
+    (`magic.evaluation`) in the step record, `metrics.jsonl` and the magic_validation_* series."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+    datasets: list[DatasetName] = Field(min_length=1, max_length=16)
+    """Registered dataset names (POST /v1/datasets) whose records all carry a ground truth."""
+    every: int = Field(default=10, ge=1, le=1_000_000)
+    """Validate the policy version of every step k with k % every == 0 (step 0: the initial model)."""
+    samples: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("samples", "k"))
+    """n (the paper's k of avg@k): samples per validation prompt."""
+    pass_k: int | None = Field(default=None, ge=1, le=1024)
+    """The k of the reported pass@k (Chen et al. unbiased estimator); None: `samples`."""
+    temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
+    """tau of the validation samples (the paper evaluates at tau = 1)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass of the validation samples."""
+    context_length: int | None = Field(default=None, ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
+    """T of the validation samples; None: the T of the stage the step belongs to."""
+    max_prompts: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Validate only the first this many prompts of each dataset (None: all of them)."""
+
+    @model_validator(mode="after")
+    def _k_fits(self) -> "ValidationConfig":
+        if self.pass_k is not None and self.pass_k > self.samples:
+            raise ValueError(f"validation.pass_k = {self.pass_k} exceeds validation.samples = {self.samples}: pass@k needs k <= n samples per prompt")
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError(f"validation.datasets names a dataset twice: {self.datasets}")
+        return self
+
+    @property
+    def k(self) -> int:
+        """The k of the reported pass@k."""
+        return self.pass_k or self.samples
+
+
 class RunSpec(BaseModel):
     """A training run: the initial model, the training prompts and the stage plan."""
 
@@ -351,6 +392,8 @@ class RunSpec(BaseModel):
     (POST /v1/runs/{run}/stages). Default: "finish" when stages are given, else "wait"."""
     estimation: EstimationConfig | None = None
     """Offline difficulty estimation before the first step (None: none)."""
+    validation: ValidationConfig | None = None
+    """Held-out validation every `validation.every` steps (None: none)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     seed: int = Field(default=0, ge=0, le=2**62)
     """Seeds prompt order and sampling."""
@@ -360,6 +403,11 @@ class RunSpec(BaseModel):
         require_unique_stage_names([s.name for s in self.stages])
         if self.on_plan_end is None:
             self.on_plan_end = "finish" if self.stages else "wait"
+        if self.validation is not None and self.stages and self.validation.every > self.total_steps:
+            raise ValueError(
+                f"validation.every = {self.validation.every} is longer than the plan ({self.total_steps} steps): only the initial "
+                f"policy would be validated; use every <= {self.total_steps}"
+            )
         return self
 
     @property

@@ -7,6 +7,7 @@
                  with online filtering (prompts solved in every sample during the previous
                  stage are dropped), or finish / wait for a stage when the plan is done
         wait until every live rollout worker serves policy version k      (publish)
+        [validate]  every `validation.every` steps: held-out figures of version k (validation.py)
         publish D_R prompt groups tagged (step k, version k, the stage's T, gs, tau)
         wait for the learner's StepCompleted(k): it trained and published k+1   (rollout)
         wait until every live rollout worker serves version k + 1          (sync)
@@ -23,7 +24,7 @@ restarted controller reads them again. Every write is a `RunStore` (run state) o
 (the step contract) call, in the run store's transactions where the barrier moves.
 
 The driver's other roles live next to it: the run lease (`lease.py`), stages and online filtering
-(`plan.py`), offline difficulty estimation (`estimation.py`).
+(`plan.py`), offline difficulty estimation (`estimation.py`), held-out validation (`validation.py`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from magic.controller.estimation import DifficultyEstimation
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
 from magic.controller.stream_metrics import StreamSampler
+from magic.controller.validation import Validation
 from magic.observability import metrics as m
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
@@ -222,6 +224,7 @@ class StepDriver(threading.Thread):
                 stage = self.plan.stage_for(self._spec(), k, pool)
                 if stage is None:
                     if self._spec().on_plan_end == "finish":
+                        self._validate_final(k)
                         return True
                     self._wait_for_stage()
                     continue
@@ -230,6 +233,8 @@ class StepDriver(threading.Thread):
                 m.STEP.set(k)
                 self.wait_for_version(k, allow_pause=True)
                 self._check_control(allow_pause=True)
+                if self.validation.due(self._spec(), k):
+                    self._validate(k, stage.index, stage.config.context_length)
                 self.publish_step(k, stage)
                 phase = Phase.rollout
             if phase is Phase.rollout:
@@ -253,6 +258,7 @@ class StepDriver(threading.Thread):
         scored = self.channels.group("scored", self.settings.filter_group)
         self.estimates = self.channels.group("estimates", GROUP)
         self.plan = StagePlan(self.store, self.steps, scored)
+        self.validation = Validation(self.store, self.steps, self.estimates, self.datasets, self.settings)
         self._estimating = False
         self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
 
@@ -291,6 +297,24 @@ class StepDriver(threading.Thread):
             self.wake.wait(0.2)
             self.wake.clear()
         self.store.update(status=RunStatus.running)
+
+    # -- held-out validation ---------------------------------------------------------------------
+
+    def _validate(self, version: int, stage_index: int, context_length: int) -> None:
+        """Validate policy version `version`, which every live rollout worker serves."""
+        try:
+            self.validation.run(self._spec(), version, stage_index, context_length, tick=lambda: (self._check_control(), self._check_events(block_ms=200)))
+        except DatasetError as exc:
+            raise RunFailed(f"validation: {exc}") from None
+
+    def _validate_final(self, k: int) -> None:
+        """The plan finished after k steps: validate the final policy (version k) too, unless the
+        run has no validation (its figures are in GET /v1/runs/{run}/validation, not in a step record)."""
+        spec = self._spec()
+        if spec.validation is None or k == 0 or not spec.stages:
+            return
+        self.wait_for_version(k)
+        self._validate(k, len(spec.stages) - 1, spec.stages[-1].context_length)
 
     # -- phases ------------------------------------------------------------------------------
 
@@ -354,10 +378,17 @@ class StepDriver(threading.Thread):
         self._renew_lease()
         self.stream_sampler.maybe_sample()
         self.plan.read_scored()
-        if not self._estimating:  # estimation results outside the estimation: nobody else reads them
-            for entry in self.estimates.read(count=100, block_ms=None):
-                if self.estimates.decode(entry, pb.ScoredGroup) is not None:
+        if not self._estimating:  # validation results; estimation results outside the estimation: nobody else reads them
+            validated = []
+            for entry in self.estimates.reclaim_from_others_if_due(1.0) + self.estimates.read(count=200, block_ms=None):
+                if (group := self.estimates.decode(entry, pb.ScoredGroup)) is None:
+                    continue
+                if group.rollout.prompt.kind == pb.GROUP_KIND_VALIDATE:
+                    validated.append((entry, group))
+                else:
                     self.estimates.dead_letter(entry, "an estimation result while the run does no difficulty estimation")
+            if validated:
+                self.validation.receive(validated)
         # only the lease holder reads the controller's groups: what another (a predecessor, or a
         # stale driver that read before it noticed its lost lease) left pending is this driver's
         for entry in self.events.reclaim_from_others_if_due(1.0) + self.events.read(count=100, block_ms=block_ms or 1):
@@ -408,6 +439,8 @@ class StepDriver(threading.Thread):
             "step_seconds_other": max(0.0, total - rollout - train - sync),
             "step_seconds_total": total,
         })
+        if (validation := self.store.validation(k)) is not None:  # held-out figures of version k, validated before step k
+            record["validation"] = validation
         if self.store.metrics_count() != k:
             raise RunFailed(f"step bookkeeping is inconsistent: recording step {k} but {self.store.metrics_count()} steps are recorded")
         faults.point(self.armed, "controller.recording", k)

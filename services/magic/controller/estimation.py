@@ -88,6 +88,9 @@ class DifficultyEstimation:
             group = self.estimates.decode(entry, pb.ScoredGroup)
             if group is None:
                 continue
+            if group.rollout.prompt.kind != pb.GROUP_KIND_ESTIMATE:  # validation starts after the estimation
+                self.estimates.dead_letter(entry, "a validation result during the difficulty estimation")
+                continue
             correct = sum(1 for s in group.scores if s.correctness >= 1.0)
             self.store.record_pass_rate(group.rollout.prompt.prompt_uid, correct, len(group.scores))
             self.estimates.ack(entry.id)

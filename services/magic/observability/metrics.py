@@ -128,6 +128,14 @@ STEP = FigureGauge("magic_step", "Current on-policy step")
 LIVE_WORKERS = FigureGauge("magic_live_workers", "Workers with a fresh heartbeat", ["service"])
 STREAM_LENGTH = FigureGauge("magic_stream_length", "Entries in a run stream", ["stream"])
 STREAM_PENDING = FigureGauge("magic_stream_pending", "Entries delivered but not yet acknowledged", ["stream"])
+# held-out validation (`magic.controller.validation`), per validation dataset, of the policy
+# version in magic_validation_policy_version (= the step whose record carries the figures)
+VALIDATION_AVG = FigureGauge("magic_validation_avg_at_k", "Held-out avg@k: mean correctness of the k samples per validation prompt, over prompts", ["dataset"])
+VALIDATION_PASS = FigureGauge("magic_validation_pass_at_k", "Held-out pass@k (Chen et al. 2021 unbiased estimator), mean over validation prompts", ["dataset"])
+VALIDATION_PASS_CI = FigureGauge("magic_validation_pass_at_k_ci", "Bounds of the 95% normal confidence interval of pass@k over validation prompts", ["dataset", "bound"])
+VALIDATION_LENGTH = FigureGauge("magic_validation_response_length_tokens", "Mean response length of the validation samples (tokens)", ["dataset"])
+VALIDATION_TRUNCATED = FigureGauge("magic_validation_truncated_ratio", "Fraction of validation samples truncated at T", ["dataset"])
+VALIDATION_VERSION = FigureGauge("magic_validation_policy_version", "Policy version (step) the magic_validation_* figures are of", ["dataset"])
 STREAM_LAG = FigureGauge("magic_stream_lag", "Entries not yet delivered to the stream's consumer group (Redis 7 XINFO GROUPS lag)", ["stream"])
 
 # -- service figures --------------------------------------------------------------------------
@@ -178,7 +186,10 @@ OWNERS: dict[str, tuple[MetricWrapperBase, ...]] = {
         VERSION_MISMATCH,
         LEARNER_STEP,
     ),
-    "controller": (STEP_SECONDS, STAGE, CONTEXT_LENGTH, POLICY_VERSION, STEP, LIVE_WORKERS, STREAM_LENGTH, STREAM_PENDING, STREAM_LAG),
+    "controller": (
+        STEP_SECONDS, STAGE, CONTEXT_LENGTH, POLICY_VERSION, STEP, LIVE_WORKERS, STREAM_LENGTH, STREAM_PENDING, STREAM_LAG,
+        VALIDATION_AVG, VALIDATION_PASS, VALIDATION_PASS_CI, VALIDATION_LENGTH, VALIDATION_TRUNCATED, VALIDATION_VERSION,
+    ),
     "rollout": (
         ROLLOUT_TOKENS,
         ROLLOUT_TOKENS_PER_SECOND,

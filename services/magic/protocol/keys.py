@@ -74,8 +74,8 @@ class RunKeys:
 
     @property
     def estimates(self) -> str:
-        """Stream of ScoredGroups of difficulty-estimation groups (reward -> controller), never
-        seen by the learner."""
+        """Stream of ScoredGroups of difficulty-estimation and validation groups (reward ->
+        controller), never seen by the learner."""
         return f"{self._p}:estimates"
 
     # state
@@ -96,7 +96,7 @@ class RunKeys:
 
     def groups(self, scope: int | str) -> str:
         """Hash: group id -> SHA-256 of the PromptGroup the controller published, per step k
-        (or "estimation"): consumers accept only these groups (`magic.store.steps`)."""
+        (or "estimation", or "validation:<version>"): consumers accept only these groups (`magic.store.steps`)."""
         return f"{self._p}:groups:{scope}"
 
     def lease(self, role: str) -> str:
@@ -139,6 +139,17 @@ class RunKeys:
     def pass_rates(self) -> str:
         """Hash: prompt uid -> "correct/N" from the last difficulty estimation."""
         return f"{self._p}:pass_rates"
+
+    def validation(self, version: int) -> str:
+        """Hash: the validation of policy version `version` in progress: `published` (groups
+        published) and, per group id received, the outcome of its samples as JSON."""
+        return f"{self._p}:validation:{version}"
+
+    @property
+    def validations(self) -> str:
+        """Hash: policy version -> JSON {dataset: figures} of each finished validation
+        (`magic.evaluation.Figures`)."""
+        return f"{self._p}:validations"
 
     @property
     def estimation(self) -> str:

@@ -116,8 +116,8 @@ class RewardWorker(Worker):
             out = pb.ScoredGroup(rollout=group, worker=self.name)
             out.scores.extend(next(scores) for _ in samples)
             faults.point(self.armed, "reward.scored", group.prompt.step)
-            # difficulty-estimation groups go to the controller, never to the learner
-            target = self.estimates if group.prompt.kind == pb.GROUP_KIND_ESTIMATE else self.scored
+            # difficulty-estimation and validation groups go to the controller, never to the learner
+            target = self.scored if group.prompt.kind == pb.GROUP_KIND_TRAIN else self.estimates
             self.rollouts.publish_and_ack(target, [out], [entry.id])
             faults.point(self.armed, "reward.published", group.prompt.step)
             self.groups_scored += 1

@@ -31,6 +31,7 @@ import redis
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.lease import Direct, LeaseLost, RedisLostData, RunEnded, Writer
+from magic.store.steps import validation_scope
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def release_step(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequ
     bound = weights_bound(r, run.weights, served_version)
     with writer.transaction() as tx:
         if served_version >= 2:  # step k - 1's hashes: a late copy of step k may still be checked against groups(k)
-            tx.delete(run.step(served_version - 2), run.groups(served_version - 2))
+            tx.delete(run.step(served_version - 2), run.groups(served_version - 2), run.groups(validation_scope(served_version - 2)))
         if bound:
             tx.xtrim(run.weights, minid=format_id(bound), approximate=False)
     removed[run.weights] = int(tx.replies[-1]) if bound else 0

@@ -363,6 +363,40 @@ class RunStore:
             tx.hset(rk.estimation, mapping={"status": "done", **summary})
             tx.hset(rk.state, "phase", Phase.publish.value)
 
+    # -- held-out validation (`magic.controller.validation`) ------------------------------------
+
+    def validation_published(self, pipe: redis.client.Pipeline, version: int, groups: int) -> None:
+        """Queue on `pipe` the count of validation groups published for `version` (with the groups)."""
+        pipe.hset(self.keys.validation(version), "published", groups)
+
+    def validation_progress(self, version: int) -> tuple[int, dict[str, str]]:
+        """(groups published, group id -> outcome JSON of each group received) of `version`'s validation."""
+        raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.validation(version)).items()}
+        published = int(raw.pop("published", 0))
+        return published, raw
+
+    def record_validation_outcomes(self, version: int, outcomes: dict[str, str]) -> None:
+        """Store group id -> outcome JSON of received validation groups (idempotent: a replay
+        writes the same value)."""
+        if outcomes:
+            with self.writer.transaction() as tx:
+                tx.hset(self.keys.validation(version), mapping=outcomes)
+
+    def finish_validation(self, version: int, figures: dict[str, dict]) -> None:
+        """Store `version`'s figures per dataset and drop its per-group outcomes, in one transaction."""
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.validations, str(version), json.dumps(figures, sort_keys=True))
+            tx.delete(self.keys.validation(version))
+
+    def validations(self) -> dict[int, dict[str, dict]]:
+        """Policy version -> {dataset: figures} of every finished validation, by version."""
+        raw = self.r.hgetall(self.keys.validations)
+        return {int(v): json.loads(f) for v, f in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+
+    def validation(self, version: int) -> dict[str, dict] | None:
+        raw = self.r.hget(self.keys.validations, str(version))
+        return json.loads(raw) if raw else None
+
     # -- metrics -----------------------------------------------------------------------------
 
     def metrics(self, since: int = 0, limit: int | None = None) -> list[dict]:

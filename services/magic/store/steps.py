@@ -8,7 +8,7 @@ fact                       channel (key in `magic.protocol.keys.RunKeys`)  writt
 step k is published        `step(k)` hash: `expected`, `stage`,          controller, in the MULTI
 (what the learner needs)   `stage_config`, `published_at`;               that XADDs the prompts and
                            `groups(k)` hash: group id -> digest          moves the barrier
-a group is genuine         `groups(k)` (or `groups("estimation")`):      controller (same MULTI)
+a group is genuine         `groups(k)` (`groups("estimation")`, `groups("validation:<v>")`):      controller (same MULTI)
                            the SHA-256 of the PromptGroup it published
 step k is trained          `learner_state.last_step = k` +               learner, one MULTI (below)
                            StepCompleted(k) on `events` + acks of the
@@ -59,8 +59,17 @@ def group_digest(group: pb.PromptGroup) -> str:
     return hashlib.sha256(group.SerializeToString(deterministic=True)).hexdigest()
 
 
+def validation_scope(version: int) -> str:
+    """The scope of the validation groups of policy version `version` in `RunKeys.groups`."""
+    return f"validation:{version}"
+
+
 def group_scope(group: pb.PromptGroup) -> str | int:
-    return ESTIMATION if group.kind == pb.GROUP_KIND_ESTIMATE else int(group.step)
+    if group.kind == pb.GROUP_KIND_ESTIMATE:
+        return ESTIMATION
+    if group.kind == pb.GROUP_KIND_VALIDATE:
+        return validation_scope(group.policy_version)
+    return int(group.step)
 
 
 @dataclass(frozen=True)

@@ -44,3 +44,28 @@ def test_settings_come_from_magic_env(monkeypatch):
     monkeypatch.setenv("MAGIC_MAX_DELIVERIES", "7")
     s = ServiceSettings()
     assert s.redis_url == "redis://example:1/2" and s.max_deliveries == 7
+
+
+def test_validation_block_defaults_aliases_and_bad_input():
+    from magic.config.schema import ValidationConfig
+
+    v = ValidationConfig.model_validate({"datasets": ["aime"], "k": 8, "T": 32})
+    assert (v.samples, v.k, v.temperature, v.context_length, v.every, v.max_prompts) == (8, 8, 1.0, 32, 10, None)
+    assert ValidationConfig(datasets=["aime"], samples=8, pass_k=2).k == 2
+    assert ValidationConfig(datasets=["aime"]).context_length is None  # the stage's T
+    for bad, why in [
+        ({"k": 0}, "greater than or equal to 1"),
+        ({"samples": 2, "pass_k": 3}, "pass@k needs k <= n"),
+        ({"every": 0}, "greater than or equal to 1"),
+        ({"datasets": []}, "at least 1"),
+        ({"datasets": ["a", "a"]}, "twice"),
+        ({"datasets": ["Not A Name"]}, "pattern"),
+    ]:
+        with pytest.raises(ValidationError, match=why):
+            ValidationConfig.model_validate({"datasets": ["aime"], **bad})
+    spec = RunSpec(name="r", model="m", datasets=["x"], stages=[stage(steps=3), stage(name="b", steps=2)], validation={"datasets": ["aime"], "every": 5})
+    assert spec.validation.every == 5
+    with pytest.raises(ValidationError, match=r"validation.every = 6 is longer than the plan \(5 steps\)"):
+        RunSpec(name="r", model="m", datasets=["x"], stages=[stage(steps=3), stage(name="b", steps=2)], validation={"datasets": ["aime"], "every": 6})
+    # a run that waits for its stages has no plan length to check against yet
+    assert RunSpec(name="r", model="m", datasets=["x"], validation={"datasets": ["aime"], "every": 50}).validation.every == 50

@@ -99,7 +99,12 @@ def test_status_rendering():
         "filtering": {"dropped_online": 2, "dropped_estimated_0": 0, "dropped_estimated_all": 0},
         "stages": [{"index": 0, "name": "short", "context_length": 72, "start_step": 0, "end_step": 2, "end_reason": "steps", "prompts": 10, "dropped_online": 0}],
         "last_metrics": {"step": 2, "reward_mean": 0.5, "accuracy_all": 0.5},
+        "validation": {"policy_version": 2, "datasets": {"aime": {
+            "prompts": 30, "samples": 8, "k": 4, "avg_at_n": 0.25, "pass_at_k": 0.5, "pass_at_k_ci_low": 0.3, "pass_at_k_ci_high": 0.7,
+            "response_length_mean": 812.0, "truncated_ratio": 0.125}}},
     }
     text = render_status(view)
+    assert "held-out (policy version 2):" in text
+    assert "aime" in text and "avg@8 0.250" in text and "pass@4 0.500" in text and "[0.300, 0.700]" in text and "812.0" in text
     assert "run r: running" in text and "stage 1 'long'  T=96" in text and "rollout 1, reward 0, learner 1" in text
     assert "filtered prompts: online 2" in text and "ended at step 2 (steps)" in text and "reward_mean 0.500" in text

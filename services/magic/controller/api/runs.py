@@ -60,6 +60,28 @@ def _resolve_datasets(c: Controller, spec: RunSpec) -> tuple[RunSpec, list]:
     return spec.model_copy(update={"datasets": names}), records
 
 
+def _check_validation(c: Controller, spec: RunSpec, window: int | None) -> None:
+    """422 naming the field when a validation dataset is not registered, has a record without a
+    ground truth, or has a prompt that does not fit the model with the validation T."""
+    cfg = spec.validation
+    if cfg is None:
+        return
+    for i, name in enumerate(cfg.datasets):
+        loc = ["validation", "datasets", i]
+        if c.datasets.get(name) is None:
+            raise invalid(loc, f"no dataset registered as {name!r} (POST /v1/datasets first)", name)
+        try:
+            records = c.datasets.load(name)
+        except DatasetError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, f"validation.datasets[{i}]: {exc}") from None
+        if (blank := next((r.uid for r in records if not r.ground_truth.strip()), None)) is not None:
+            raise invalid(loc, f"dataset {name!r} cannot validate: record {blank} has no ground truth (reward_model.ground_truth is empty)", name)
+        _, prompt_tokens = model_limits(spec.model, records[: cfg.max_prompts] if cfg.max_prompts else records)
+        longest_t = cfg.context_length or max((s.context_length for s in spec.stages), default=0)
+        if window is not None and prompt_tokens + longest_t > window:
+            raise invalid(["validation", "context_length"], f"T = {longest_t} plus the longest prompt of {name!r} ({prompt_tokens} tokens) exceeds the model's context window {window}", longest_t)
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunView, dependencies=Authorized, responses={400: {"description": "a dataset file is missing or malformed"}, **CONFLICTS})
 def create_run(spec: RunSpec, c: ControllerDep) -> RunView:
     """Create a run and start it: the whole `stages` plan advances by itself; with no stages the
@@ -72,6 +94,7 @@ def create_run(spec: RunSpec, c: ControllerDep) -> RunView:
         check_stage(stage, ["stages", i], window, prompt_tokens)
     if spec.estimation is not None and window is not None and prompt_tokens + spec.estimation.context_length > window:
         raise invalid(["estimation", "context_length"], f"T = {spec.estimation.context_length} plus the longest prompt ({prompt_tokens} tokens) exceeds the model's context window {window}")
+    _check_validation(c, spec, window)
     with c.lock:
         try:
             c.runs.create(spec, {"max_prompt_tokens": prompt_tokens, "model_context_window": window or 0})

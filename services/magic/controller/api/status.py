@@ -3,6 +3,7 @@
     GET /v1/runs/{run}                 status: stage, step, policy version, live workers, throughput, last metrics
     GET /v1/runs/{run}/metrics         per-step records (?since=<step>&limit=<n>)
     GET /v1/runs/{run}/pass-rates      per-prompt pass rates of the difficulty estimation, and dropped prompts
+    GET /v1/runs/{run}/validation      held-out figures per validated policy version and dataset
 """
 
 from __future__ import annotations
@@ -46,3 +47,11 @@ class PassRates(BaseModel):
 def get_pass_rates(run_id: str, c: ControllerDep) -> PassRates:
     spec_or_404(c, run_id)
     return PassRates(filtering=filtering(c, run_id), pass_rates=c.runs[run_id].pass_rates(), dropped=c.runs[run_id].dropped())
+
+
+@router.get("/validation")
+def get_validation(run_id: str, c: ControllerDep) -> dict[str, dict[str, dict]]:
+    """Policy version -> {dataset: figures} of every finished held-out validation (the final
+    policy's included, which no step record carries)."""
+    spec_or_404(c, run_id)
+    return {str(v): f for v, f in c.runs[run_id].validations().items()}

@@ -53,6 +53,9 @@ class RunView(BaseModel):
     stages: list[dict]
     """One record per started stage: start/end step, why it ended, prompts, filter counts."""
     filtering: Filtering
+    validation: dict | None = None
+    """The latest held-out validation: {"policy_version": v, "datasets": {dataset: figures}}
+    (avg_at_n, pass_at_k with its CI, response_length_mean, truncated_ratio; `magic.evaluation`)."""
     spec: RunSpec
 
 
@@ -66,6 +69,14 @@ def filtering(c: Controller, run_id: str) -> Filtering:
         dropped_estimated_all=reasons.count("estimated_all"),
         estimation=est,
     )
+
+
+def latest_validation(c: Controller, run_id: str) -> dict | None:
+    done = c.runs[run_id].validations()
+    if not done:
+        return None
+    version = max(done)
+    return {"policy_version": version, "datasets": done[version]}
 
 
 def throughput(records: list[dict]) -> Throughput:
@@ -103,5 +114,6 @@ def run_view(c: Controller, run_id: str) -> RunView:
         last_metrics=recent[-1] if recent else None,
         stages=run.stage_records(),
         filtering=filtering(c, run_id),
+        validation=latest_validation(c, run_id),
         spec=spec,
     )

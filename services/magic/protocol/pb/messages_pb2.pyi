@@ -12,6 +12,7 @@ class GroupKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GROUP_KIND_TRAIN: _ClassVar[GroupKind]
     GROUP_KIND_ESTIMATE: _ClassVar[GroupKind]
+    GROUP_KIND_VALIDATE: _ClassVar[GroupKind]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_ERROR: _ClassVar[Verdict]
 GROUP_KIND_TRAIN: GroupKind
 GROUP_KIND_ESTIMATE: GroupKind
+GROUP_KIND_VALIDATE: GroupKind
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason

@@ -1,0 +1,124 @@
+"""Held-out accuracy from scored samples: avg@k, pass@k with a confidence interval, length, truncation.
+
+Pure functions, shared by in-run validation (`magic.controller.validation`), `magic eval` and
+`magic local`: each prompt of a validation dataset is sampled n times, every sample is judged
+correct or not, and the figures below summarise one dataset at one policy version.
+
+- avg@n (Skywork-OR1's curves, e.g. AIME24 avg@32): the mean correctness over the n samples of
+  a prompt, averaged over prompts — the estimate of pass@1.
+- pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1 and its
+  numerically stable form): per prompt with c correct of n samples,
+  pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i),
+  the unbiased estimate of the chance that at least one of k samples is correct; averaged over
+  prompts.
+- The confidence interval of pass@k (and avg@n) is the normal one over prompts: the mean of the
+  per-prompt estimates +- z * s / sqrt(m) (s the sample standard deviation over the m prompts),
+  clipped to [0, 1]. It measures how much the figure would move with another draw of prompts
+  from the same distribution — the uncertainty that dominates with small held-out sets like
+  AIME's 30 problems. With one prompt it is [0, 1] (nothing is known about the spread).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+Z95 = 1.959963984540054
+"""The 97.5% quantile of the standard normal: a two-sided 95% interval."""
+
+
+@dataclass(frozen=True)
+class PromptOutcome:
+    """The n scored samples of one validation prompt."""
+
+    correct: tuple[bool, ...]  # one per sample
+    lengths: tuple[int, ...]  # response tokens, one per sample
+    truncated: tuple[bool, ...]  # finish reason `length` (cut at T), one per sample
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. (2021) unbiased pass@k of one prompt with `c` correct of `n` samples:
+    1 - C(n - c, k) / C(n, k), computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials).
+
+    >>> pass_at_k(10, 0, 5), pass_at_k(10, 10, 1), round(pass_at_k(4, 1, 2), 6)
+    (0.0, 1.0, 0.5)
+    """
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n (got n={n}, c={c}, k={k})")
+    if n - c < k:  # every draw of k samples holds a correct one
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def avg_at_n(correct: Sequence[bool]) -> float:
+    """avg@n of one prompt: the fraction of its n samples that are correct (an estimate of pass@1)."""
+    if not correct:
+        raise ValueError("avg@n of a prompt with no samples")
+    return sum(1 for x in correct if x) / len(correct)
+
+
+def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """(mean, low, high): the normal confidence interval of the mean of per-prompt figures in
+    [0, 1], mean +- z * s / sqrt(m), clipped to [0, 1]; [0, 1] with a single value."""
+    m = len(values)
+    if m == 0:
+        raise ValueError("a confidence interval over no prompts")
+    mean = sum(values) / m
+    if m == 1:
+        return mean, 0.0, 1.0
+    var = sum((v - mean) ** 2 for v in values) / (m - 1)
+    half = z * math.sqrt(var / m)
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One dataset's held-out figures at one policy version (the keys of the step record's
+    `validation.<dataset>` object, of `magic eval`'s JSON and of the magic_validation_* series)."""
+
+    prompts: int  # m: prompts evaluated
+    samples: int  # n: samples per prompt
+    k: int  # the k of pass@k
+    avg_at_n: float  # mean correctness over all samples (avg@n)
+    avg_at_n_ci_low: float
+    avg_at_n_ci_high: float
+    pass_at_k: float  # Chen et al. unbiased pass@k, mean over prompts
+    pass_at_k_ci_low: float
+    pass_at_k_ci_high: float
+    response_length_mean: float  # tokens, over all samples
+    truncated_ratio: float  # share of samples cut at T
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarise(outcomes: Sequence[PromptOutcome], k: int | None = None, z: float = Z95) -> Figures:
+    """The figures of one dataset from its prompts' outcomes; every prompt has the same n samples,
+    and pass@k is reported at `k` (default n)."""
+    if not outcomes:
+        raise ValueError("no prompts to summarise")
+    ns = {len(o.correct) for o in outcomes}
+    if len(ns) != 1 or any(len(o.lengths) != len(o.correct) or len(o.truncated) != len(o.correct) for o in outcomes):
+        raise ValueError(f"every prompt needs the same number of samples with a length and a finish reason each (got n in {sorted(ns)})")
+    n = ns.pop()
+    k = n if k is None else k
+    avg, avg_lo, avg_hi = mean_ci([avg_at_n(o.correct) for o in outcomes], z)
+    pk, pk_lo, pk_hi = mean_ci([pass_at_k(n, sum(o.correct), k) for o in outcomes], z)
+    total = n * len(outcomes)
+    return Figures(
+        prompts=len(outcomes),
+        samples=n,
+        k=k,
+        avg_at_n=avg,
+        avg_at_n_ci_low=avg_lo,
+        avg_at_n_ci_high=avg_hi,
+        pass_at_k=pk,
+        pass_at_k_ci_low=pk_lo,
+        pass_at_k_ci_high=pk_hi,
+        response_length_mean=sum(sum(o.lengths) for o in outcomes) / total,
+        truncated_ratio=sum(sum(o.truncated) for o in outcomes) / total,
+    )

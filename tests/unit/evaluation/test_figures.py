@@ -1,0 +1,71 @@
+"""pass@k, avg@n, the confidence interval and the dataset summary against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from magic.evaluation import PromptOutcome, avg_at_n, mean_ci, pass_at_k, summarise
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 1, 2, 1 - 3 / 6),  # C(3,2)/C(4,2)
+        (5, 2, 3, 1 - 1 / 10),  # C(3,3)/C(5,3)
+        (10, 2, 5, 1 - 56 / 252),  # k larger than the correct count: C(8,5)/C(10,5)
+        (10, 3, 1, 0.3),  # pass@1 is the fraction correct
+        (5, 3, 3, 1.0),  # n - c < k: every 3 of 5 samples hold a correct one
+        (8, 0, 8, 0.0),  # k = n, nothing correct
+        (8, 1, 8, 1.0),  # k = n, one correct
+        (8, 8, 3, 1.0),
+    ],
+)
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_binomials_and_is_stable_for_large_n():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+    # C(1024, 512) overflows a float; the product form does not
+    assert pass_at_k(1024, 1, 512) == pytest.approx(0.5)
+    assert 0.0 < pass_at_k(1024, 3, 16) < 1.0
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 5), (4, 5, 2), (4, 1, 0), (0, 0, 1)])
+def test_pass_at_k_refuses_impossible_counts(n, c, k):
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(n, c, k)
+
+
+def test_avg_and_ci():
+    assert avg_at_n([True, False, False, True]) == 0.5
+    mean, lo, hi = mean_ci([0.0, 1.0, 0.5, 0.5])
+    # s^2 = (0.25 + 0.25 + 0 + 0) / 3 = 1/6; half width 1.96 * sqrt(1/24)
+    half = 1.959963984540054 * math.sqrt(1 / 24)
+    assert (mean, lo, hi) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
+    assert mean_ci([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+    assert mean_ci([0.3]) == (0.3, 0.0, 1.0)
+    assert mean_ci([0.0, 1.0]) == (0.5, 0.0, 1.0)  # clipped to [0, 1]
+
+
+def test_summarise_dataset():
+    outcomes = [
+        PromptOutcome((True, False, False, False), (10, 20, 30, 40), (False, False, False, True)),
+        PromptOutcome((False, False, False, False), (5, 5, 5, 5), (False,) * 4),
+        PromptOutcome((True, True, True, True), (1, 2, 3, 4), (False,) * 4),
+    ]
+    f = summarise(outcomes, k=2)
+    assert (f.prompts, f.samples, f.k) == (3, 4, 2)
+    assert f.avg_at_n == pytest.approx((0.25 + 0 + 1) / 3)
+    assert f.pass_at_k == pytest.approx((0.5 + 0 + 1) / 3)
+    assert f.pass_at_k_ci_low < f.pass_at_k < f.pass_at_k_ci_high
+    assert f.response_length_mean == pytest.approx((100 + 20 + 10) / 12)
+    assert f.truncated_ratio == pytest.approx(1 / 12)
+    assert summarise(outcomes).pass_at_k == pytest.approx(2 / 3)  # k = n: any correct
+    with pytest.raises(ValueError, match="same number of samples"):
+        summarise([outcomes[0], PromptOutcome((True,), (1,), (False,))])
