@@ -20,6 +20,10 @@ anything was dead-lettered.
     .venv/bin/python benchmarks/paper_scale.py                          # D_R=256, gs=16, T=16k, 4 steps
     .venv/bin/python benchmarks/paper_scale.py --groups 32 --steps 50   # memory over 50 steps
     .venv/bin/python benchmarks/paper_scale.py --rollout-workers 4      # several rollout processes
+
+At the end it states the weight fan-out per transport (filesystem, http, nccl) for the rollout
+workers it ran and for --fanout-pods (64): bytes through the shared volume, the learner's link
+and each pod's link per step, from the weight loads per worker per step it measured.
 """
 
 from __future__ import annotations
@@ -206,6 +210,23 @@ def _redis_figures(r, k) -> dict:
     return {"used_memory": int(mem["used_memory"]), "net_bytes": int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"]), "streams": lengths}
 
 
+def weight_fanout(loads_per_pod: float, pods: int, model_bytes: float, gpus_per_pod: int) -> dict[str, dict[str, float]]:
+    """Bytes a step's new weights move, per transport, when `pods` rollout pods each load
+    `loads_per_pod` versions a step (measured: 1) of `model_bytes` (the published dtype), by the
+    three places that carry them: the shared volume, the learner's network link, each pod's link.
+    filesystem: written once to the volume, read by every pod from it. http: written to the
+    learner's own disk, downloaded by every pod from the learner. nccl: one broadcast — the root
+    sends each byte once (NCCL pipelines it along a ring/tree of the members; every vLLM GPU of a
+    pod receives the full tensors), plus the background snapshot on the volume for pods outside
+    the group (services/magic/weights/nccl.py)."""
+    n = loads_per_pod * pods
+    return {
+        "filesystem": {"volume": model_bytes * (1 + n), "learner_link": model_bytes, "pod_link": model_bytes * loads_per_pod},
+        "http": {"volume": 0.0, "learner_link": model_bytes * n, "pod_link": model_bytes * loads_per_pod},
+        "nccl": {"volume": model_bytes, "learner_link": model_bytes * loads_per_pod, "pod_link": model_bytes * loads_per_pod * gpus_per_pod},
+    }
+
+
 def run(args) -> dict:
     import httpx
     import redis
@@ -266,6 +287,7 @@ def run(args) -> dict:
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
               f"{'through MB':>10} {'reward/s':>9}  streams (prompts rollouts scored events weights dead)")
         steps: list[dict] = []
+        served = {}  # rollout worker -> the version it serves (the weight_versions hash): a change is one load
         before = _redis_figures(r, k)
         peak = before["used_memory"]
         status = "running"
@@ -289,6 +311,9 @@ def run(args) -> dict:
                     "samples": rec.get("samples", 0), "distinct_groups": rec.get("distinct_groups", 0), "version_mismatch": rec.get("version_mismatch", 0),
                     "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
                 }
+                now = {w.decode(): int(v) for w, v in r.hgetall(k.weight_versions).items()}
+                row["weight_loads"] = sum(1 for w, v in now.items() if served.get(w) != v)
+                served = now
                 steps.append(row)
                 s = fig["streams"]
                 print(f"{row['step']:>4} {total:>8.2f} {row['rollout_s']:>8.2f} {row['train_s']:>6.2f} {row['sync_s']:>6.2f} {row['other_s']:>6.2f} "
@@ -317,6 +342,17 @@ def run(args) -> dict:
               f"({tokens / 1e6:.1f}M response tokens per step); "
               f"orchestration {100 * sum(s['orchestration_s'] for s in steps) / sum(s['total_s'] for s in steps):.2f}% of step time; "
               f"dead letters {summary['dead_letters']}; groups lost in steps {lost or 'none'}; version mismatches {summary['version_mismatch']:.0f}")
+        later = steps[1:] or steps  # step 0's loads include each worker's bootstrap of version 0
+        loads_per_pod = sum(s["weight_loads"] for s in later) / len(later) / args.rollout_workers
+        summary["weight_loads_per_pod_step"] = loads_per_pod
+        summary["weight_fanout"] = {n: weight_fanout(loads_per_pod, n, args.model_bytes, args.gpus_per_pod) for n in (args.rollout_workers, args.fanout_pods)}
+        gb = 1e9
+        print(f"weight loads per rollout worker per step: {loads_per_pod:.2f} (measured). New weights of {args.model_bytes / gb:.1f} GB a step, "
+              f"moved per step by transport ({args.gpus_per_pod} GPUs per rollout pod):")
+        print(f"{'pods':>5} {'transport':>11} {'volume GB':>10} {'learner link GB':>16} {'each pod GB':>12}")
+        for n, table in summary["weight_fanout"].items():
+            for name, row in table.items():
+                print(f"{n:>5} {name:>11} {row['volume'] / gb:>10.1f} {row['learner_link'] / gb:>16.1f} {row['pod_link'] / gb:>12.1f}")
         return summary
     finally:
         for p in procs:
@@ -349,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--appendfsync", choices=("always", "everysec", "no"), default=None,
                     help="run Redis with an append-only file fsynced this way (default: none, as `magic local`); the chart's is everysec")
     ap.add_argument("--keep-streams", action="store_true", help="run the controller with MAGIC_TRIM_STREAMS=false (for comparison)")
+    ap.add_argument("--model-bytes", type=float, default=15.2e9, help="bytes of one published policy version for the fan-out figures (7.6B params in bf16)")
+    ap.add_argument("--fanout-pods", type=int, default=64, help="rollout pods the fan-out figures are stated for")
+    ap.add_argument("--gpus-per-pod", type=int, default=2, help="vLLM GPUs per rollout pod (tensor parallel) for the nccl figures")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the per-step figures here")
     args = ap.parse_args(argv)
