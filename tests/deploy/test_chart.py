@@ -314,6 +314,20 @@ def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
     assert api[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
 
 
+def test_an_external_redis_behind_sentinel(chart):
+    """A redis+sentinel:// URL reaches the services as it is (magic.store.client follows the
+    master, tests/integration/test_redis_sentinel.py) and the egress policy opens the sentinels' port."""
+    from magic.store.client import SentinelURL
+
+    url = "redis+sentinel://:pw@sentinel-0.redis:26379,sentinel-1.redis:26379/magic/0"
+    docs = render(chart, {"redis": {"enabled": False}, "externalRedis": {"url": url, "sentinelPort": 26379}})
+    for kind, component in WORKLOADS:
+        assert env(container(pod_spec(docs, kind, component), component))["MAGIC_REDIS_URL"] == url
+    assert SentinelURL.parse(url).master == "magic"
+    egress = one(docs, "NetworkPolicy", f"{RELEASE}-magic-reward")["spec"]["egress"]
+    assert {"port": 26379} in next(rule["ports"] for rule in egress if {"port": 6379} in rule["ports"])
+
+
 @pytest.mark.parametrize("transport", ["filesystem", "http", "nccl"])
 def test_weight_transport_is_json_the_services_accept(chart, transport):
     from pydantic import TypeAdapter

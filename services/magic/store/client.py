@@ -1,6 +1,7 @@
 """The Redis client every process uses, and the Redis errors a process waits out.
 
-`connect(url)` is the one way to a Redis connection. `RETRYABLE` / `is_retryable` name the errors
+`connect(url)` is the one way to a Redis connection: a standalone Redis (`redis://`, `rediss://`)
+or the master a set of Redis Sentinels names (`redis+sentinel://`, `SentinelURL`). `RETRYABLE` / `is_retryable` name the errors
 after which the same call succeeds once Redis is back (connection lost, loading its AOF, refusing
 writes at `maxmemory`); the service runtime (`magic.runtime.service`) waits them out and
 re-attaches its worker.
@@ -32,11 +33,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import parse_qsl, unquote
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from magic.observability.metrics import REDIS_REFUSED
 
@@ -144,8 +148,69 @@ class RefusalRetry(Retry):
     __hash__ = Retry.__hash__
 
 
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db][?sentinel_password=…&sentinel_username=…]`
+    (`rediss+sentinel://`: TLS to the master and the sentinels): the sentinels to ask, the name of
+    the master they watch, and the master's credentials and database."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        scheme = next((s for s in SENTINEL_SCHEMES if url.startswith(s)), None)
+        if scheme is None:
+            raise ValueError(f"not a Sentinel URL (want {' or '.join(SENTINEL_SCHEMES)}…)")
+        rest, _, query = url[len(scheme):].partition("?")
+        netloc, _, path = rest.partition("/")
+        userinfo, at, hosts = netloc.rpartition("@")
+        username = password = None
+        if at:
+            user, colon, pw = userinfo.partition(":")
+            username, password = unquote(user) or None, (unquote(pw) if colon else None)
+        sentinels = []
+        for hp in hosts.split(","):
+            host, colon, port = hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "")
+            if not host or (colon and not port.isdigit()):
+                raise ValueError(f"Sentinel URL: bad sentinel address {hp!r} (host[:port], comma-separated)")
+            sentinels.append((host, int(port) if colon else SENTINEL_PORT))
+        parts = [p for p in path.split("/") if p]
+        if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError("Sentinel URL: the path must be /<master name>[/<db>]")
+        options = dict(parse_qsl(query))
+        unknown = set(options) - {"sentinel_username", "sentinel_password"}
+        if unknown:
+            raise ValueError(f"Sentinel URL: unknown options {sorted(unknown)} (sentinel_username, sentinel_password)")
+        return cls(tuple(sentinels), unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0, username, password,
+                   options.get("sentinel_username"), options.get("sentinel_password"), scheme.startswith("rediss"))
+
+
 def client(url: str, patience: float = PATIENCE_SECONDS, **kwargs) -> redis.Redis:
-    """A Redis client whose commands and pipelines wait out refused writes (see module doc)."""
+    """A Redis client whose commands and pipelines wait out refused writes (see module doc).
+
+    A Sentinel URL (`SentinelURL`) gives a client of the master the sentinels name now: after a
+    failover its next connection asks them again, and a connection still open to the old master
+    (now a replica, answering READONLY) is dropped as a ConnectionError — retryable, so services
+    re-attach to the new master. Replication is asynchronous: writes acknowledged by the old
+    master may be missing on the new one, which the lease's write counter detects
+    (`magic.store.lease.RedisLostData`), as after any loss of writes."""
+    if url.startswith(SENTINEL_SCHEMES):
+        spec = SentinelURL.parse(url)
+        tls = {"ssl": True} if spec.tls else {}
+        timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
+        sentinel = Sentinel(list(spec.sentinels), sentinel_kwargs={"username": spec.sentinel_username, "password": spec.sentinel_password, **tls, **timeouts})
+        return sentinel.master_for(spec.master, db=spec.db, username=spec.username, password=spec.password, retry=RefusalRetry(patience), **tls, **kwargs)
     return redis.Redis.from_url(url, retry=RefusalRetry(patience), **kwargs)
 
 
