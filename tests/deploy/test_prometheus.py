@@ -147,13 +147,14 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
     tmp = tmp_path_factory.mktemp("prometheus")
     server = RedisServer().start()
     ports = {c: free_port() for c in ("controller", "rollout", "reward", "learner")}
+    score_port = free_port()  # the reward's POST /v1/score: a port of its own, not scraped
     sup = Supervisor(tmp / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1"})
     prometheus = None
     try:
         prometheus = Prometheus(tmp, ports, alert_rule_groups(chart))
         sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"])})
         for component in ("rollout", "reward", "learner"):
-            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_API_TOKEN": SCORE_TOKEN})
+            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_SCORE_PORT": str(score_port), "MAGIC_API_TOKEN": SCORE_TOKEN})
         wait_for(prometheus.ready, 60, "Prometheus to start")
         wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 4, 120, "every service to be scraped", sup)
 
@@ -162,10 +163,10 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
         start = time.time()
         resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
         assert resp.status_code == 201, resp.text
-        score_code(ports["reward"])  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
+        score_code(score_port)  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
         assert status["status"] == "finished", status.get("error")
-        score_code(ports["reward"])
+        score_code(score_port)
         finished = time.time()
         wait_for(lambda: prometheus.scraped_since(finished), 60, "the last step's figures to be scraped", sup)
         end = time.time()
