@@ -99,6 +99,7 @@ class RolloutWorker(Worker):
         self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._endpoint = receiver.endpoint_status(engine)
+        m.DEAD_LETTERS.labels(stream="weights")  # at 0 before a first poison announcement (see `ConsumerGroup`)
         self.stale_prompts = 0
         self.stolen = 0
 
