@@ -250,3 +250,16 @@ LOCAL = Pod("peer", NAMESPACE, {"app": "prom"}, namespace_labels(NAMESPACE))
 )
 def test_network_policy_semantics(policies, source, port, expected):
     assert admitted(policies, source, WEB, port) is expected
+
+
+def test_a_restricted_api_without_named_scrapers_is_warned_about(chart):
+    """The controller's /metrics is on its API port: apiIngressFrom alone closes it to Prometheus."""
+    api_only = {"networkPolicy": {"apiIngressFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "users"}}}]}}
+
+    def notes(values):
+        out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+
+    assert "metricsIngressFrom is not" in notes(api_only)
+    named = {"networkPolicy": {**api_only["networkPolicy"], "metricsIngressFrom": [{"namespaceSelector": {}}]}}
+    assert "metricsIngressFrom is not" not in notes(named) and "metricsIngressFrom is not" not in notes({})

@@ -102,6 +102,7 @@ class RolloutWorker(Worker):
         m.DEAD_LETTERS.labels(stream="weights")  # at 0 before a first poison announcement (see `ConsumerGroup`)
         self.stale_prompts = 0
         self.stolen = 0
+        self._vllm_metrics: VllmMetrics | None = None  # set by `attach` (engine vllm)
 
     @classmethod
     def attach(cls, channels: RunChannels, settings: RolloutSettings, vllm_metrics: VllmMetrics | None = None) -> "RolloutWorker":
@@ -109,7 +110,9 @@ class RolloutWorker(Worker):
         if vllm_metrics is not None and isinstance(engine, VllmEngine):  # a launched server's port is new at each attach
             vllm_metrics.url = engine.base_url
         cache = settings.data_dir / "weights-cache" / settings.worker_name
-        return cls(channels, settings, engine, make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=cache))
+        worker = cls(channels, settings, engine, make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=cache))
+        worker._vllm_metrics = vllm_metrics
+        return worker
 
     def status(self) -> dict:
         return {"version": self.engine.version, "held": len(self._held), "in_flight": len(self._work), **self._endpoint}
@@ -123,6 +126,8 @@ class RolloutWorker(Worker):
         self.engine.abort()
         self.engine.close()
         self.receiver.close()
+        if self._vllm_metrics is not None and self.settings.vllm_launch:  # its server stops with the engine: no series, no "down"
+            self._vllm_metrics.url = None
 
     # -- the loop ----------------------------------------------------------------------------
 
