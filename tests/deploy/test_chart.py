@@ -188,15 +188,27 @@ def test_reward_pods_reach_only_dns_and_redis(rendered, name):
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_vllm_port_is_open_only_to_rollout_and_learner(rendered, name):
+def test_vllm_listens_on_localhost_and_rollout_pods_admit_only_rollout_and_learner(rendered, name):
+    """vLLM's dev-mode routes (/collective_rpc, pause, reloads) never leave the pod: the server binds
+    127.0.0.1, declares no port and no Service exposes one; its /metrics goes out through the
+    worker's metrics port. The pod's other ports (NCCL) admit only rollout pods and the learner."""
     docs = rendered[name]
+    spec = pod_spec(docs, "Deployment", "rollout")
+    vllm = [c for c in spec["containers"] if c["name"] == "vllm"]
+    if vllm:
+        (vllm,) = vllm
+        assert "--host=127.0.0.1" in vllm["args"] and not any(a.startswith("--host=") and a != "--host=127.0.0.1" for a in vllm["args"])
+        assert "ports" not in vllm
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):  # the kubelet cannot reach 127.0.0.1: exec from inside
+            command = vllm[kind]["exec"]["command"]
+            assert command[:2] == ["python3", "-c"] and "http://127.0.0.1:8000/health" in command[2], (kind, command)
+        assert env(container(spec, "rollout"))["MAGIC_VLLM_URL"] == "http://127.0.0.1:8000"
+    service_ports = [p["name"] for p in one(docs, "Service", f"{RELEASE}-magic-rollout")["spec"]["ports"]]
+    assert service_ports == ["metrics"]
     rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-rollout")["spec"]["ingress"]
     for rule in rules:
         if rule.get("ports") == [{"port": "metrics"}]:
             continue  # /metrics, for Prometheus (networkPolicy.metricsIngressFrom)
-        if rule.get("ports") == [{"port": "vllm"}]:  # vLLM's /metrics: only from the named scrapers, never from anyone
-            assert rule["from"] == value_set(name)["networkPolicy"]["metricsIngressFrom"], rule
-            continue
         sources = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]}
         assert sources == {"rollout", "learner"} and len(rule["from"]) == 2, rule
     learner_rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-learner")["spec"]["ingress"]
@@ -288,7 +300,7 @@ def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
             ports = {p["name"] for p in svc["spec"]["ports"]} & endpoint_ports
             assert ports, f"{svc['metadata']['name']} is selected but exposes no scraped port"
             scraped.add(labels["app.kubernetes.io/component"])
-    assert scraped == {"controller", "rollout", "reward", "learner"}
+    assert scraped == {"controller", "rollout", "reward", "learner", "redis"}  # redis: the exporter sidecar
     for e in monitor["spec"]["endpoints"]:
         assert e["path"] == "/metrics" and e["interval"] == "10s"
         assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "targetLabel": "component"} in e["relabelings"]
@@ -368,8 +380,9 @@ def test_the_reward_sandbox_has_one_level_or_none(chart):
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001
     assert "add" not in c["securityContext"]["capabilities"] and c["securityContext"]["allowPrivilegeEscalation"] is False
     assert env(c)["MAGIC_SANDBOX__ENABLED"] == "false"
-    # scoring is served beside /metrics: the Service and the pod expose that one port
-    assert [p["name"] for p in c["ports"]] == ["metrics"]
+    # scoring has a port of its own, apart from /metrics (which Prometheus may reach)
+    assert [p["name"] for p in c["ports"]] == ["metrics", "score"]
+    assert env(c)["MAGIC_SCORE_PORT"] == "9500" and env(c)["MAGIC_METRICS_PORT"] == "9400"
     assert "MAGIC_PORT" not in env(c)
 
 

@@ -21,6 +21,15 @@ VLLM_SERIES = {
 """vLLM's own series (V1 engine, the pinned vLLM's /metrics on the rollout pods' vllm port) the
 System dashboard queries; not exported by MAGIC, so not checked against its registry."""
 
+REDIS_EXPORTER_SERIES = {
+    "redis_memory_used_bytes": set(), "redis_memory_max_bytes": set(), "redis_connected_clients": set(),
+    "redis_commands_processed_total": set(), "redis_errors_total": {"err"},
+}
+"""oliver006/redis_exporter's series (the pinned v1.88.0, sidecar of the bundled Redis) the System
+dashboard queries, with their own labels: INFO's used_memory, maxmemory, connected_clients,
+total_commands_processed (exporter/exporter.go's metric map) and errorstat_<ERR> as
+errors_total{err} (exporter/info.go). Checked here against that list, not MAGIC's registry."""
+
 
 def selectors(expr: str):
     """(metric name, {label: (op, value)}) of every vector selector in a PromQL expression."""
@@ -87,6 +96,12 @@ def test_every_queried_metric_and_label_is_exported(query, exported):
         if name.startswith("vllm:"):
             assert name in VLLM_SERIES, f"{query.id}: {name} is not one of vLLM's series"
             assert matchers.get("component") == ("MatchOp.Equal", "rollout"), query.id
+            continue
+        if name.startswith("redis_"):
+            assert name in REDIS_EXPORTER_SERIES, f"{query.id}: {name} is not one of redis_exporter's series"
+            assert matchers.get("component") == ("MatchOp.Equal", "redis"), query.id
+            unknown = set(matchers) - REDIS_EXPORTER_SERIES[name] - TARGET_LABELS
+            assert not unknown, f"{query.id}: {name} has no label(s) {unknown}"
             continue
         assert name in exported, f"{name} is queried by {query.id} but no service exports it"
         unknown = set(matchers) - exported[name] - TARGET_LABELS
@@ -186,6 +201,15 @@ def test_step_indexed_views_plot_against_the_learner_step():
         step = "magic_validation_policy_version" if panel["title"].startswith("Held-out") else "magic_learner_step"
         assert [name for name, _ in selectors(x["expr"].replace("$release", ".*").replace("$namespace", ".*"))] == [step]
         assert panel["transformations"] == [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}]
+
+
+def test_redis_row_shows_memory_against_maxmemory_and_refused_writes():
+    names = {name for q in QUERIES if q.dashboard == "system" and q.panel.startswith("Redis") for name, _ in selectors(q.resolved("1m"))}
+    assert {"redis_memory_used_bytes", "redis_memory_max_bytes", "magic_redis_refused_writes_total", "redis_errors_total"} <= names
+    titles = [p["title"] for _, p in panels()]
+    assert titles.index("Redis memory") > titles.index("vLLM KV cache usage")
+    rows = [p for p in load_dashboards()["system"]["panels"] if p["type"] == "row"]
+    assert rows[-1]["title"] == "Redis"
 
 
 def test_vllm_engine_panels():

@@ -201,7 +201,7 @@ def test_no_port_is_open_to_everyone_by_accident(chart, case):
             if component == "controller":
                 assert api_open and ports == ["http"], f"{case}: the API is open to every pod though apiIngressFrom is set"
             else:
-                assert component in ("rollout", "learner") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
+                assert component in ("rollout", "learner", "reward", "redis") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
 
 
 @pytest.mark.parametrize("case", POLICY_CASES)
@@ -209,8 +209,12 @@ def test_reward_scoring_port_is_reachable_only_from_named_peers(chart, case):
     values = POLICY_CASES[case]
     np = values.get("networkPolicy", {})
     ingress = one(render(chart, values), "NetworkPolicy", f"{RELEASE}-magic-reward")["spec"]["ingress"]
-    allowed = [p for rule in ingress for p in rule["from"]]
-    assert allowed == np.get("metricsIngressFrom", []) + np.get("scoreIngressFrom", [])
+    score = [rule for rule in ingress if {"port": "score"} in rule["ports"]]
+    if np.get("scoreIngressFrom"):
+        assert score == [{"ports": [{"port": "score"}], "from": np["scoreIngressFrom"]}]
+    else:
+        assert score == []  # nobody
+    assert all(rule["ports"] == [{"port": "metrics"}] for rule in ingress if rule not in score)  # Prometheus: that port alone
 
 
 # -- scheduling knobs ---------------------------------------------------------------------------------
@@ -305,11 +309,12 @@ def test_service_monitor_and_prometheus_rule_match_the_operator_crds(chart, name
     operator_valid(rule)
     for endpoint in monitor["spec"]["endpoints"]:
         assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "targetLabel": "release"} in endpoint["relabelings"]
-    vllm_scraped = "vllm" in {e["port"] for e in monitor["spec"]["endpoints"]}
-    metrics_from = values.get("networkPolicy", {}).get("metricsIngressFrom")
-    assert vllm_scraped == (values.get("rollout", {}).get("engine", "vllm") == "vllm" and bool(metrics_from))
+    # vLLM's series come through the rollout worker's metrics port: no endpoint on vLLM's own
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "metrics"}
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert alerts == {"MagicEntropyCollapse", "MagicClipRatioRunaway", "MagicNoStep", "MagicDeadLetters", "MagicRewardTimeouts"}
+    from .test_alerts import ALERTS
+
+    assert alerts == ALERTS
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 

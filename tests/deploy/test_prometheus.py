@@ -47,6 +47,11 @@ KNOWN_GAPS: dict[str, str] = {
 }
 """Dashboard queries expected to come back empty here, with the reason. Strict: once such a query
 returns data, the test fails so that the entry is removed."""
+KNOWN_GAPS.update({
+    q: "redis_exporter's series: the test run's Redis has no exporter beside it (the chart's sidecar, redis.metrics)"
+    for q in ("system/Redis memory/A", "system/Redis memory/B", "system/Redis refused writes / s/B",
+              "system/Redis clients and commands / s/A", "system/Redis clients and commands / s/B")
+})
 
 
 class Prometheus:
@@ -147,13 +152,14 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
     tmp = tmp_path_factory.mktemp("prometheus")
     server = RedisServer().start()
     ports = {c: free_port() for c in ("controller", "rollout", "reward", "learner")}
+    score_port = free_port()  # the reward's POST /v1/score: a port of its own, not scraped
     sup = Supervisor(tmp / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1"})
     prometheus = None
     try:
         prometheus = Prometheus(tmp, ports, alert_rule_groups(chart))
         sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"])})
         for component in ("rollout", "reward", "learner"):
-            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_API_TOKEN": SCORE_TOKEN})
+            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_SCORE_PORT": str(score_port), "MAGIC_API_TOKEN": SCORE_TOKEN})
         wait_for(prometheus.ready, 60, "Prometheus to start")
         wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 4, 120, "every service to be scraped", sup)
 
@@ -162,10 +168,10 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
         start = time.time()
         resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
         assert resp.status_code == 201, resp.text
-        score_code(ports["reward"])  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
+        score_code(score_port)  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
         assert status["status"] == "finished", status.get("error")
-        score_code(ports["reward"])
+        score_code(score_port)
         finished = time.time()
         wait_for(lambda: prometheus.scraped_since(finished), 60, "the last step's figures to be scraped", sup)
         end = time.time()
@@ -274,12 +280,18 @@ def test_entropy_target_is_the_stage_target(scraped_run):
 
 def test_alert_rules_are_evaluated_by_prometheus_without_errors(scraped_run):
     rules = scraped_run.rules()
-    assert {r["name"] for r in rules} == {"MagicEntropyCollapse", "MagicClipRatioRunaway", "MagicNoStep", "MagicDeadLetters", "MagicRewardTimeouts"}
+    from .test_alerts import ALERTS
+
+    assert {r["name"] for r in rules} == ALERTS
     for rule in rules:
         assert rule["health"] == "ok" and not rule.get("lastError"), rule
-    # a healthy run dead-letters nothing, and its steps keep coming: those two stay silent
+    # a healthy run dead-letters nothing, its steps keep coming, every target answers, Redis refuses
+    # nothing and every sample is judged: those stay silent (it runs 1 rollout and 1 reward worker of
+    # the chart's 2: MagicLiveWorkersBelowExpected may be pending, never firing within its 10 min)
     states = {r["name"]: r["state"] for r in rules}
-    assert states["MagicDeadLetters"] == "inactive" and states["MagicNoStep"] == "inactive", states
+    for name in ("MagicDeadLetters", "MagicNoStep", "MagicTargetDown", "MagicRedisRefusedWrites", "MagicRewardErrors"):
+        assert states[name] == "inactive", states
+    assert states["MagicLiveWorkersBelowExpected"] != "firing", states
 
 
 def test_alert_expressions_see_this_runs_series(scraped_run):

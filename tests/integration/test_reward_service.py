@@ -16,7 +16,7 @@ from magic.config.schema import PenaltySettings
 from magic.observability.metrics import serve_http
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
-from magic.reward.api import ScoreAPI
+from magic.reward.api import ScoreAPI, serve_score
 from magic.reward.scoring import Scorer
 from magic.reward.settings import MathRewardSettings, RewardSettings, SandboxSettings
 from magic.reward.worker import RewardWorker
@@ -121,8 +121,26 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def api_url(scorer):
-    routes = {"/v1/score": ScoreAPI(scorer, max_samples=4, token=SecretStr(TOKEN)).handle, "/open/v1/score": ScoreAPI(scorer, 4, token=None).handle}
-    server = serve_http(0, scorer.ready, host="127.0.0.1", post_routes=routes)
+    """POST /v1/score on its own port (`serve_score`); `api_url.tokenless`: a service without a token."""
+    server = serve_score(0, ScoreAPI(scorer, max_samples=4, token=SecretStr(TOKEN)).handle, host="127.0.0.1")
+    tokenless = serve_score(0, ScoreAPI(scorer, 4, token=None).handle, host="127.0.0.1")
+    yield URLs(f"http://127.0.0.1:{server.server_address[1]}", f"http://127.0.0.1:{tokenless.server_address[1]}")
+    server.shutdown()
+    tokenless.shutdown()
+
+
+class URLs(str):
+    """The scoring URL, with the tokenless service's beside it."""
+
+    def __new__(cls, url: str, tokenless: str):
+        out = super().__new__(cls, url)
+        out.tokenless = tokenless
+        return out
+
+
+@pytest.fixture(scope="module")
+def metrics_url(scorer):
+    server = serve_http(0, scorer.ready, host="127.0.0.1")
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
@@ -131,7 +149,7 @@ def test_http_scoring_needs_the_token_and_is_closed_without_one(api_url):
     body = {"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}
     for headers, status in (({}, 401), ({"Authorization": "Bearer wrong-token-0123456789"}, 401), ({"Authorization": TOKEN}, 401), (AUTH, 200)):
         assert httpx.post(f"{api_url}/v1/score", json=body, headers=headers, timeout=60).status_code == status, headers
-    closed = httpx.post(f"{api_url}/open/v1/score", json=body, headers=AUTH, timeout=60)
+    closed = httpx.post(f"{api_url.tokenless}/v1/score", json=body, headers=AUTH, timeout=60)
     assert closed.status_code == 403 and "MAGIC_API_TOKEN" in closed.json()["error"]
 
 
@@ -166,11 +184,18 @@ def test_http_rejects_bad_requests_clearly(api_url, payload, status, message):
     assert message in resp.json()["error"]
 
 
-def test_http_probes_and_metrics(api_url):
-    assert httpx.get(f"{api_url}/livez").status_code == 200
-    assert httpx.get(f"{api_url}/readyz").status_code == 200
+def test_the_score_port_serves_scoring_only_and_the_metrics_port_no_scoring(api_url, metrics_url):
+    for path in ("/metrics", "/livez", "/readyz"):
+        assert httpx.get(f"{api_url}{path}").status_code == 404, path
     assert httpx.post(f"{api_url}/v1/nothing", content=b"{}").status_code == 404
-    text = httpx.get(f"{api_url}/metrics").text
+    body = {"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}
+    assert httpx.post(f"{metrics_url}/v1/score", json=body, headers=AUTH).status_code in (404, 501)  # no POST route at all
+
+
+def test_http_probes_and_metrics(api_url, metrics_url):
+    assert httpx.get(f"{metrics_url}/livez").status_code == 200
+    assert httpx.get(f"{metrics_url}/readyz").status_code == 200
+    text = httpx.get(f"{metrics_url}/metrics").text
     for series in ('magic_reward_verdicts_total{kind="math",verdict="correct"}', 'magic_reward_latency_seconds_bucket{kind="code"', "magic_sandbox_kills_total", "magic_reward_timeouts_total", "magic_reward_inflight"):
         assert series in text, series
 
@@ -197,10 +222,11 @@ def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, 
     from magic.local.redis_server import free_port
     from magic.local.supervisor import Supervisor
 
-    port = free_port()
+    port, score_port = free_port(), free_port()
     env = {
         "MAGIC_REDIS_URL": redis_server.url,
         "MAGIC_METRICS_PORT": str(port),
+        "MAGIC_SCORE_PORT": str(score_port),
         "MAGIC_MATH__WORKERS": "1",
         "MAGIC_MATH__TIMEOUT_SECONDS": "2",
         **{f"MAGIC_SANDBOX__{k.upper()}": str(v) for k, v in SANDBOX.items()},
@@ -220,12 +246,12 @@ def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, 
         ]
         samples = [{"data_source": "code", "response": f"```python\n{code}\n```", "ground_truth": STDIN_GT} for code in hostile]
         samples.append({"data_source": "math", "response": "\\boxed{10^{10^{10^{10}}}}", "ground_truth": "4"})
-        resp = httpx.post(f"{url}/v1/score", json={"samples": samples}, headers=AUTH, timeout=120)
+        resp = httpx.post(f"http://127.0.0.1:{score_port}/v1/score", json={"samples": samples}, headers=AUTH, timeout=120)
         assert resp.status_code == 200, resp.text
         assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5, resp.json()
         assert sup.first_exit() is None
         assert httpx.get(f"{url}/livez").status_code == 200
-        ok = httpx.post(f"{url}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, headers=AUTH, timeout=60)
+        ok = httpx.post(f"http://127.0.0.1:{score_port}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, headers=AUTH, timeout=60)
         assert ok.json()["scores"][0]["verdict"] == "correct"
     finally:
         sup.stop_all()

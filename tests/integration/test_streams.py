@@ -96,6 +96,22 @@ def test_a_poison_entry_goes_to_the_dead_letter_stream_with_its_reason(r):
     assert letter.payload == b"\xff\xff\xff" and letter.consumer == "c"
 
 
+def test_a_consumers_dead_letter_series_exists_at_0_before_its_first_letter(r):
+    """A labelled counter has no sample until its first increment: the series would appear at 1 and
+    the MagicDeadLetters alert (increase over a window) would miss the first letter. A consumer
+    group creates its stream's series at 0, so the first letter is a visible 0 -> 1."""
+    from prometheus_client import REGISTRY
+
+    fresh = keys.RunKeys("t").prompts.replace("prompts", "fresh-work")
+    assert REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "fresh-work"}) is None
+    g = ConsumerGroup(r, fresh, "rollout", "c", dead_stream=K.dead)
+    g.ensure()
+    assert REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "fresh-work"}) == 0.0
+    r.xadd(fresh, {b"type": b"PromptGroup", b"pb": b"\xff"})
+    assert g.decode(g.read(block_ms=100)[0], pb.PromptGroup) is None
+    assert REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "fresh-work"}) == 1.0
+
+
 def test_an_entry_that_keeps_killing_consumers_is_dead_lettered(r):
     publish(r, 1)
     for i in range(3):  # three consumers take it and die without acking

@@ -134,6 +134,36 @@ def until_sent(engine: VllmEngine, grace: float = 2.0) -> None:
 PROMPT = [{"role": "user", "content": "12+7="}]
 
 
+def test_vllm_listens_on_localhost_and_its_series_reach_the_workers_metrics_port(server):
+    """The dev-mode routes (/collective_rpc, reloads) are not reachable from outside the pod; its
+    /metrics is, through the worker's metrics port (`VllmMetrics`), which serves nothing else."""
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from magic.observability.metrics import serve_http
+    from magic.rollout.vllm_metrics import VllmMetrics
+
+    assert server.config.host == "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # this machine's outward address (no packet is sent)
+        s.connect(("192.0.2.1", 9))
+        outward = s.getsockname()[0]
+    if not outward.startswith("127."):
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(f"http://{outward}:{server.port}/collective_rpc", json={"method": "refresh_cpu_head"}, timeout=5)
+    registry = CollectorRegistry()
+    registry.register(VllmMetrics(server.url))
+    metrics = serve_http(0, lambda: True, host="127.0.0.1", registry=registry)
+    try:
+        text = httpx.get(f"http://127.0.0.1:{metrics.server_address[1]}/metrics", timeout=10).text
+    finally:
+        metrics.shutdown()
+        metrics.server_close()
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket"):
+        assert re.search(rf"^{re.escape(name)}\{{", text, re.M), name
+    assert "magic_vllm_up 1.0" in text
+
+
 def test_generates_groups_with_token_ids_logprobs_and_finish_reasons(engine):
     prompt = engine.render_prompt(PROMPT)
     results, stats = engine.generate([GenerationRequest(prompt, n=4, temperature=1.0, max_tokens=16, seed=i) for i in range(3)])

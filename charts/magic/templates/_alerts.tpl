@@ -5,6 +5,10 @@ so that two releases each alert on their own run. Thresholds come from metrics.a
 {{- $a := .Values.metrics.alerts }}
 {{- $sel := printf "namespace=%q, release=%q" .Release.Namespace .Release.Name }}
 {{- $by := "namespace, release" }}
+{{- /* the replicas the chart deploys: what "live workers below expected" compares with */}}
+{{- $expected := dict "rollout" (int .Values.rollout.replicas) "reward" (int .Values.reward.replicas) }}
+{{- /* a learner job of any shape is one live learner worker: its rank 0 */}}
+{{- $_ := set $expected "learner" (min 1 (int .Values.learner.nodes)) }}
 groups:
   - name: magic-training
     rules:
@@ -50,6 +54,8 @@ groups:
             though {{ "{{" }} $value {{ "}}" }} stream entries are waiting. Check that the rollout, reward and
             learner workers are alive (magic_live_workers) and their logs.
       - alert: MagicDeadLetters
+        {{- /* every consumer's series exists at 0 from its attach (magic.store.streams.ConsumerGroup), so
+        increase() sees the first letter too */}}
         expr: sum by ({{ $by }}, stream) (increase(magic_dead_letters_total{ {{- $sel -}} }[{{ $a.deadLetters.window }}])) > 0
         labels:
           severity: warning
@@ -73,6 +79,81 @@ groups:
             Release {{ "{{" }} $labels.release {{ "}}" }}: {{ "{{" }} $value | humanizePercentage {{ "}}" }} of the
             {{ "{{" }} $labels.kind {{ "}}" }} responses hit a verifier or sandbox time limit. Add reward pods or CPU,
             or raise the time limits.
+      - alert: MagicRewardErrors
+        expr: >-
+          sum by ({{ $by }}, kind) (rate(magic_reward_verdicts_total{component="reward", verdict="error", {{ $sel }}}[{{ $a.rewardErrors.window }}]))
+          / sum by ({{ $by }}, kind) (rate(magic_reward_verdicts_total{component="reward", {{ $sel }}}[{{ $a.rewardErrors.window }}]))
+          > {{ $a.rewardErrors.ratio }}
+        for: {{ $a.rewardErrors.for }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Over {{ $a.rewardErrors.ratio }} of the {{ "{{" }} $labels.kind {{ "}}" }} responses cannot be judged
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: {{ "{{" }} $value | humanizePercentage {{ "}}" }} of the
+            {{ "{{" }} $labels.kind {{ "}}" }} responses get verdict `error` (reward 0 whatever the answer): the
+            verifier or the code sandbox failed. The reward pods' logs say why (for code: the sandbox's
+            self-check at start).
+      - alert: MagicTargetDown
+        {{- /* vLLM is scraped through its rollout worker: magic_vllm_up says whether the worker could read it */}}
+        expr: >-
+          (up{component=~"controller|rollout|reward|learner|redis", {{ $sel }}} == 0)
+          or label_replace(magic_vllm_up{component="rollout", {{ $sel }}} == 0, "component", "vllm", "", "")
+        for: {{ $a.targetDown.for }}
+        labels:
+          severity: critical
+        annotations:
+          summary: The {{ "{{" }} $labels.component {{ "}}" }} target {{ "{{" }} $labels.instance {{ "}}" }} cannot be scraped
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: Prometheus (or, for vllm, the rollout worker beside it)
+            could not read the {{ "{{" }} $labels.component {{ "}}" }} metrics of {{ "{{" }} $labels.instance {{ "}}" }}
+            for {{ $a.targetDown.for }}: the pod is down, restarting, or not admitted by the NetworkPolicy
+            (networkPolicy.metricsIngressFrom).
+      - alert: MagicLiveWorkersBelowExpected
+        {{- $terms := list }}
+        {{- range $service := list "rollout" "reward" "learner" }}
+        {{- if gt (get $expected $service) 0 }}
+        {{- $terms = append $terms (printf "(magic_live_workers{component=\"controller\", service=\"%s\", %s} < %d)" $service $sel (get $expected $service)) }}
+        {{- end }}
+        {{- end }}
+        expr: >-
+          {{ join "\n          or " $terms | default "vector(0) > 1" }}
+        for: {{ $a.liveWorkers.for }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Fewer live {{ "{{" }} $labels.service {{ "}}" }} workers than deployed
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: {{ "{{" }} $value {{ "}}" }} {{ "{{" }} $labels.service {{ "}}" }}
+            workers have a fresh heartbeat on the run, fewer than the chart deploys (rollout {{ get $expected "rollout" }},
+            reward {{ get $expected "reward" }}, learner {{ get $expected "learner" }}), for {{ $a.liveWorkers.for }}.
+            Pods pending (no GPU free?), crash-looping, or unable to reach Redis.
+      - alert: MagicRedisMemoryHigh
+        expr: >-
+          redis_memory_used_bytes{component="redis", {{ $sel }}}
+          / (redis_memory_max_bytes{component="redis", {{ $sel }}} > 0)
+          > {{ $a.redisMemory.ratio }}
+        for: {{ $a.redisMemory.for }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Redis uses over {{ $a.redisMemory.ratio }} of its maxmemory
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: Redis uses {{ "{{" }} $value | humanizePercentage {{ "}}" }}
+            of its maxmemory; at the limit it refuses writes (noeviction) and the run stalls. Raise
+            redis.maxmemory (and its memory limit), or lower D_R x gs (docs/scale.md).
+      - alert: MagicRedisRefusedWrites
+        {{- /* counted by the services that were refused (magic.store.client; any Redis, the bundled one or
+        yours): an unlabelled counter, at 0 from each process's start */}}
+        expr: sum by ({{ $by }}) (increase(magic_redis_refused_writes_total{ {{- $sel -}} }[{{ $a.redisRefusedWrites.window }}])) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: Redis refused writes at maxmemory
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: {{ "{{" }} $value | printf "%.0f" {{ "}}" }} writes were refused
+            (OOM at maxmemory, noeviction: the services count them) in the last {{ $a.redisRefusedWrites.window }}; the services retry them,
+            and the run stalls until memory is freed. Raise redis.maxmemory or lower D_R x gs.
 {{- end }}
 
 {{/* PrometheusRule on, off or auto-detected */}}

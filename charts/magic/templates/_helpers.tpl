@@ -288,6 +288,18 @@ readinessProbe:
 {{- end }}
 {{- end }}
 
+{{/* A probe of the vLLM container: (dict "probe" values "port" n). vLLM listens on 127.0.0.1, which
+the kubelet's httpGet cannot reach (it probes the pod IP): a probe given without a handler checks
+GET /health from inside the container (the image's python3; no curl in vLLM's image). */}}
+{{- define "magic.vllmProbe" -}}
+{{- $p := deepCopy .probe }}
+{{- if not (or $p.httpGet $p.exec $p.tcpSocket $p.grpc) }}
+{{- $check := printf "import urllib.request; urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=%d)" (int .port) (int (sub ($p.timeoutSeconds | default 5) 1 | max 1)) }}
+{{- $_ := set $p "exec" (dict "command" (list "python3" "-c" $check)) }}
+{{- end }}
+{{- toYaml $p }}
+{{- end }}
+
 {{/* ServiceMonitor on, off or auto-detected */}}
 {{- define "magic.serviceMonitorEnabled" -}}
 {{- $on := toString .Values.metrics.serviceMonitor.enabled }}

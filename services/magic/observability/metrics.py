@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -236,27 +236,21 @@ def declare_service(service: str) -> None:
 # -- the HTTP endpoint ------------------------------------------------------------------------
 
 
-PostHandler = Callable[[bytes, Mapping[str, str]], tuple[int, bytes, str]]
-"""A POST route: (request body, request headers) -> (status, response body, content type)."""
-
-
 def serve_http(
     port: int,
     ready: Callable[[], bool],
     host: str = "0.0.0.0",
-    post_routes: dict[str, PostHandler] | None = None,
-    max_body_bytes: int = 64 * 1024 * 1024,
     idle_timeout_seconds: float = 30.0,
     registry: CollectorRegistry = REGISTRY,
     stalled: Callable[[], str | None] = lambda: None,
 ) -> ThreadingHTTPServer:
-    """Serve /metrics, /livez and /readyz — and any `post_routes` (the reward service's
-    POST /v1/score) — on `port` from a daemon thread; returns the server (its
-    `server_address` has the real port when `port` is 0). /livez answers 503 with the reason
-    while `stalled()` says why the process is hung (`magic.runtime.liveness.LoopWatch.stalled`).
-    A connection idle (or sending its request slower) than `idle_timeout_seconds` is closed, so
-    idle clients cannot pin threads."""
-    routes = dict(post_routes or {})
+    """Serve /metrics, /livez and /readyz on `port` from a daemon thread; returns the server (its
+    `server_address` has the real port when `port` is 0). The port serves nothing else, so it can
+    be opened to Prometheus alone (the reward service's POST /v1/score has its own port:
+    `magic.reward.api.serve_score`). /livez answers 503 with the reason while `stalled()` says why
+    the process is hung (`magic.runtime.liveness.LoopWatch.stalled`). A connection idle (or
+    sending its request slower) than `idle_timeout_seconds` is closed, so idle clients cannot pin
+    threads."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = idle_timeout_seconds  # socket timeout of each connection (StreamRequestHandler)
@@ -272,19 +266,6 @@ def serve_http(
                 body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")
             else:
                 body, status, ctype = b"not found\n", 404, "text/plain"
-            self._reply(status, body, ctype)
-
-        def do_POST(self) -> None:  # noqa: N802 (http.server API)
-            handler = routes.get(self.path.split("?", 1)[0])
-            if handler is None:
-                return self._reply(404, b"not found\n", "text/plain")
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                return self._reply(411, b"a Content-Length header is required\n", "text/plain")
-            if int(length) > max_body_bytes:
-                self.close_connection = True
-                return self._reply(413, f"request body over {max_body_bytes} bytes\n".encode(), "text/plain")
-            status, body, ctype = handler(self.rfile.read(int(length)), self.headers)
             self._reply(status, body, ctype)
 
         def _reply(self, status: int, body: bytes, ctype: str) -> None:

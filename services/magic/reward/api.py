@@ -1,8 +1,10 @@
 """The reward service's HTTP endpoint: score a batch on demand (evaluation, debugging).
 
-Served on the same port as /metrics, /livez and /readyz (``MAGIC_METRICS_PORT``)::
+Served on its own port, ``MAGIC_SCORE_PORT`` (unset: not served), apart from /metrics, /livez and
+/readyz (``MAGIC_METRICS_PORT``): the metrics port can be opened to Prometheus without opening an
+endpoint that runs submitted code. The score port answers nothing but ``POST /v1/score``::
 
-    curl -s localhost:9100/v1/score -H "Authorization: Bearer $MAGIC_API_TOKEN" -H 'content-type: application/json' -d '{"samples": [
+    curl -s localhost:9500/v1/score -H "Authorization: Bearer $MAGIC_API_TOKEN" -H 'content-type: application/json' -d '{"samples": [
       {"data_source": "math", "response": "... \\\\boxed{42}", "ground_truth": "42"},
       {"data_source": "code", "response": "```python\\nprint(int(input())*2)\\n```",
        "ground_truth": "{\\"type\\": \\"stdin_stdout\\", \\"inputs\\": [\\"2\\"], \\"outputs\\": [\\"4\\"]}"}]}'
@@ -22,14 +24,23 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Mapping
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.scoring import Sample, Scorer
 
+log = logging.getLogger(__name__)
+
 JSON = "application/json"
+PATH = "/v1/score"
+
+PostHandler = Callable[[bytes, Mapping[str, str]], tuple[int, bytes, str]]
+"""A POST route: (request body, request headers) -> (status, response body, content type)."""
 
 
 class SampleIn(BaseModel):
@@ -119,3 +130,47 @@ def authorize(header: str | None, token: SecretStr | None) -> tuple[int, bytes, 
 
 def _error(status: int, message: str) -> tuple[int, bytes, str]:
     return status, json.dumps({"error": message}).encode(), JSON
+
+
+def serve_score(
+    port: int, handler: PostHandler, host: str = "0.0.0.0", max_body_bytes: int = 64 * 1024 * 1024, idle_timeout_seconds: float = 30.0
+) -> ThreadingHTTPServer:
+    """Serve POST /v1/score (`handler`, e.g. `ScoreAPI.handle`) on `port` from a daemon thread, and
+    nothing else: every other request is 404 (the probes and /metrics are on the metrics port).
+    Returns the server (its `server_address` has the real port when `port` is 0). A body needs a
+    Content-Length (411) of at most `max_body_bytes` (413); a connection idle longer than
+    `idle_timeout_seconds` is closed, so idle clients cannot pin threads."""
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout_seconds  # socket timeout of each connection (StreamRequestHandler)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            self._reply(404, b"not found: this port serves POST /v1/score only\n", "text/plain")
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server API)
+            if self.path.split("?", 1)[0] != PATH:
+                return self._reply(404, b"not found\n", "text/plain")
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                return self._reply(411, b"a Content-Length header is required\n", "text/plain")
+            if int(length) > max_body_bytes:
+                self.close_connection = True
+                return self._reply(413, f"request body over {max_body_bytes} bytes\n".encode(), "text/plain")
+            status, body, ctype = handler(self.rfile.read(int(length)), self.headers)
+            self._reply(status, body, ctype)
+
+        def _reply(self, status: int, body: bytes, ctype: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="score-http", daemon=True).start()
+    log.info("POST /v1/score on http://%s:%d", host, server.server_address[1])
+    return server

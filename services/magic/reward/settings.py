@@ -134,6 +134,9 @@ class RewardSettings(ServiceSettings):
     """Bearer token POST /v1/score requires (env MAGIC_API_TOKEN, the controller's token; the
     Helm chart sets it from the same Secret). Unset, the endpoint refuses every request (403):
     it runs submitted code."""
+    score_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of POST /v1/score (env MAGIC_SCORE_PORT), apart from the metrics port so that opening
+    /metrics to Prometheus never opens an endpoint that runs code; unset: not served (0: a free port)."""
     max_request_samples: int = Field(default=1024, ge=1)
     """Most samples one POST /v1/score request may carry."""
     read_groups: int = Field(default=8, ge=1, le=1024)

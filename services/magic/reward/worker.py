@@ -8,8 +8,8 @@
 A sample that cannot be judged gets verdict ERROR and reward 0 and never fails its group; an
 entry that does not decode, or whose prompt is not one the controller published
 (`magic.store.steps`), is dead-lettered with the reason. The process also serves, on ``MAGIC_METRICS_PORT``,
-GET /metrics, /livez, /readyz (ready once the verifiers passed their self-check) and
-POST /v1/score (`magic.reward.api`), whether or not a run is active.
+GET /metrics, /livez, /readyz (ready once the verifiers passed their self-check) and, on its own
+port ``MAGIC_SCORE_PORT``, POST /v1/score (`magic.reward.api`), whether or not a run is active.
 
 Departures from Skywork-OR1: the math verifier is MAGIC's stricter one by default
 (``MAGIC_MATH__VERIFIER=skywork-or1`` selects the paper's plain procedure); code runs in a
@@ -31,7 +31,7 @@ from magic.observability.metrics import registry_of, serve_http
 from magic.runtime.liveness import LoopWatch
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
-from magic.reward.api import ScoreAPI
+from magic.reward.api import ScoreAPI, serve_score
 from magic.reward.scoring import Sample, Scorer
 from magic.reward.settings import RewardSettings
 from magic.runtime import faults
@@ -150,11 +150,12 @@ def run(settings: RewardSettings | None = None) -> int:
     scorer = Scorer(settings)
     threading.Thread(target=_warm_up, args=(scorer,), name="reward-warm-up", daemon=True).start()
     watch = LoopWatch(settings.liveness_stall_seconds)
-    if settings.metrics_port is not None:  # one port: probes, metrics and POST /v1/score
-        api = ScoreAPI(scorer, settings.max_request_samples, settings.api_token)
+    if settings.metrics_port is not None:  # probes and metrics: ready once the verifiers passed their self-check
+        serve_http(settings.metrics_port, scorer.ready, registry=registry_of(SERVICE), stalled=watch.stalled)
+    if settings.score_port is not None:  # POST /v1/score runs submitted code: a port of its own
         if settings.api_token is None:
             log.warning("MAGIC_API_TOKEN is not set: POST /v1/score refuses every request")
-        serve_http(settings.metrics_port, scorer.ready, post_routes={"/v1/score": api.handle}, registry=registry_of(SERVICE), stalled=watch.stalled)
+        serve_score(settings.score_port, ScoreAPI(scorer, settings.max_request_samples, settings.api_token).handle)
     try:
         runtime = settings.model_copy(update={"metrics_port": None})  # the endpoint is already up
         return serve(SERVICE, runtime, lambda channels: RewardWorker(channels, settings, scorer), watch)

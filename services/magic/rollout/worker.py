@@ -37,6 +37,7 @@ from magic.protocol.pb import messages_pb2 as pb
 from magic.rollout.engine import GeneratedSample, GenerationRequest, RolloutEngine, TorchEngine
 from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_engine import VllmEngine
+from magic.rollout.vllm_metrics import VllmMetrics
 from magic.rollout.vllm_server import launch_server
 from magic.runtime import faults
 from magic.runtime.service import Worker, WorkerRestart, serve
@@ -98,14 +99,20 @@ class RolloutWorker(Worker):
         self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._endpoint = receiver.endpoint_status(engine)
+        m.DEAD_LETTERS.labels(stream="weights")  # at 0 before a first poison announcement (see `ConsumerGroup`)
         self.stale_prompts = 0
         self.stolen = 0
+        self._vllm_metrics: VllmMetrics | None = None  # set by `attach` (engine vllm)
 
     @classmethod
-    def attach(cls, channels: RunChannels, settings: RolloutSettings) -> "RolloutWorker":
+    def attach(cls, channels: RunChannels, settings: RolloutSettings, vllm_metrics: VllmMetrics | None = None) -> "RolloutWorker":
         engine = build_engine(settings, channels.spec().model)
+        if vllm_metrics is not None and isinstance(engine, VllmEngine):  # a launched server's port is new at each attach
+            vllm_metrics.url = engine.base_url
         cache = settings.data_dir / "weights-cache" / settings.worker_name
-        return cls(channels, settings, engine, make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=cache))
+        worker = cls(channels, settings, engine, make_receiver(settings.weight_transport, worker_name=settings.worker_name, cache_dir=cache))
+        worker._vllm_metrics = vllm_metrics
+        return worker
 
     def status(self) -> dict:
         return {"version": self.engine.version, "held": len(self._held), "in_flight": len(self._work), **self._endpoint}
@@ -119,6 +126,8 @@ class RolloutWorker(Worker):
         self.engine.abort()
         self.engine.close()
         self.receiver.close()
+        if self._vllm_metrics is not None and self.settings.vllm_launch:  # its server stops with the engine: no series, no "down"
+            self._vllm_metrics.url = None
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -328,4 +337,8 @@ class RolloutWorker(Worker):
 
 def run(settings: RolloutSettings | None = None) -> int:
     settings = settings or RolloutSettings()
-    return serve(SERVICE, settings, lambda channels: RolloutWorker.attach(channels, settings))
+    vllm_metrics = None
+    if settings.engine == "vllm":  # vLLM's /metrics on the worker's metrics port (vLLM itself listens on localhost)
+        vllm_metrics = VllmMetrics(None if settings.vllm_launch else settings.vllm_url)
+        m.registry_of(SERVICE).register(vllm_metrics)
+    return serve(SERVICE, settings, lambda channels: RolloutWorker.attach(channels, settings, vllm_metrics))

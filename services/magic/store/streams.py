@@ -174,6 +174,9 @@ class ConsumerGroup:
         self.dead_letters_max = dead_letters_max
         self._recovery_cursor: str | None = "0"  # re-read our own pending entries first
         self._last_reclaim = float("-inf")
+        # the stream's dead-letter series at 0 from now on: a counter that first appears at 1 is
+        # invisible to increase(), and the MagicDeadLetters alert would miss the first letter
+        DEAD_LETTERS.labels(stream=stream.rsplit(":", 1)[-1])
 
     def ensure(self) -> None:
         """Create the stream and the group if needed; the group starts at the stream's beginning."""
