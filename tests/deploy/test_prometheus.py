@@ -166,7 +166,9 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
         model, data = guessing_model
         api = httpx.Client(base_url=f"http://127.0.0.1:{ports['controller']}", timeout=30)
         start = time.time()
-        resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES})
+        assert api.post("/v1/datasets", json={"name": "held", "path": str(data)}).status_code == 201  # the held-out curve's panels
+        resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES,
+                                          "validation": {"datasets": ["held"], "every": 2, "k": 2, "max_prompts": 4}})
         assert resp.status_code == 201, resp.text
         score_code(score_port)  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
