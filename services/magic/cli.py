@@ -20,6 +20,8 @@ Held-out evaluation:
 
     magic eval --local MODEL_OR_CHECKPOINT -d data.jsonl -k 8 [--out eval.json]
                                                       avg@n, pass@k (95% CI), length, truncation
+    magic export RUN [--step K] --out DIR [--dtype bfloat16]
+                                                      a run's checkpoint as a Hugging Face model directory
 
 Heavy libraries (torch, fastapi) are imported only by the subcommand that needs them. Nothing
 imports this module: it is the leaf of the package.
@@ -32,6 +34,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from magic.config.files import load_file
 from magic.config.flags import add_model_flags, merge, model_overrides
@@ -143,6 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", "-o", default=None, help="write the figures (and every prompt's outcome) as JSON to this file")
     _add_api_arguments(ev)
 
+    exp = sub.add_parser(
+        "export", help="a run's checkpoint as a Hugging Face model directory (transformers and vLLM load it as is)",
+        description="Copies the model of a learner checkpoint (DATA_DIR/runs/RUN/checkpoints/step-K) — config, safetensors "
+        "weights, generation config, tokenizer and chat template — without the training state (optimizer, EMA reference, "
+        "trainer state), into a directory `from_pretrained` and `vllm serve` load as is.",
+    )
+    exp.add_argument("run")
+    exp.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete checkpoint)")
+    exp.add_argument("--out", "-o", required=True, help="the model directory to write (must not exist unless --force)")
+    exp.add_argument("--data-dir", default=None, help="the shared volume the learner writes to (default: $MAGIC_DATA_DIR or .magic/data)")
+    exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="convert the weights (default: as stored, the learner's float32)")
+    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
+
     status = sub.add_parser("status", help="a run's stage, step, policy version, workers and last step")
     status.add_argument("run")
     status.add_argument("--watch", "-w", action="store_true", help="refresh until the run ends")
@@ -168,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return launch(args)
     if args.command == "eval":
         return eval_command(args)
+    if args.command == "export":
+        return export_command(args)
     return api_command(args)
 
 
@@ -213,8 +231,6 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _eval_local(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from magic.controller.datasets import DatasetError, load_records
     from magic.local import evaluate as ev  # heavy (torch): after the flags are checked
 
@@ -259,6 +275,22 @@ def _eval_local(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
         print(f"written: {args.out}")
+    return Exit.ok
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """`magic export`: exit 2 naming the available steps for an unknown run, step or checkpoint."""
+    from magic.config.settings import ServiceSettings
+    from magic.learner.export import ExportError, export_checkpoint, find_checkpoint  # heavy (torch): only here
+
+    data_dir = args.data_dir or ServiceSettings().data_dir
+    try:
+        checkpoint = find_checkpoint(data_dir, args.run, args.step)
+        files = export_checkpoint(checkpoint, Path(args.out), args.dtype, overwrite=args.force)
+    except ExportError as exc:
+        print(f"magic export: {exc}", file=sys.stderr)
+        return Exit.usage
+    print(f"exported {checkpoint} -> {args.out}: {', '.join(files)}")
     return Exit.ok
 
 
