@@ -20,6 +20,12 @@ anything was dead-lettered.
     .venv/bin/python benchmarks/paper_scale.py                          # D_R=256, gs=16, T=16k, 4 steps
     .venv/bin/python benchmarks/paper_scale.py --groups 32 --steps 50   # memory over 50 steps
     .venv/bin/python benchmarks/paper_scale.py --rollout-workers 4      # several rollout processes
+    .venv/bin/python benchmarks/paper_scale.py --validation-every 2     # + held-out validation (AIME24-sized: 30 x 32)
+
+With --validation-every E the run validates every E steps (and the final policy) on a held-out
+set of --validation-prompts prompts x --validation-samples samples at the run's T, through the
+same stand-in fleet and the real reward service; each step's validation wall time is printed
+beside the step's (it runs between steps, so it adds to the run's wall time).
 """
 
 from __future__ import annotations
@@ -221,6 +227,8 @@ def run(args) -> dict:
                 max_position_embeddings=args.max_tokens + 1024)  # only its config and tokenizer are used
     data = tmp / "train.jsonl"
     _dataset(data, args.groups * (args.steps + 1))
+    held = tmp / "held.jsonl"
+    _dataset(held, args.validation_prompts)
     server = RedisServer(maxmemory=args.maxmemory, appendfsync=args.appendfsync).start()
     r = redis.Redis.from_url(server.url)
     port = free_port()
@@ -256,6 +264,11 @@ def run(args) -> dict:
             time.sleep(0.2)
         spec = {"name": RUN, "model": str(model), "train_files": [str(data)],
                 "stages": [{"name": "paper", "steps": args.steps, "T": args.max_tokens, "D_R": args.groups, "gs": args.group_size, "lr": 1e-6}]}
+        if args.validation_every:
+            resp = api.post("/v1/datasets", json={"name": "held", "path": str(held)})
+            if resp.status_code != 201:
+                raise RuntimeError(f"the controller refused the held-out dataset: {resp.status_code} {resp.text}")
+            spec["validation"] = {"datasets": ["held"], "every": args.validation_every, "k": args.validation_samples}
         resp = api.post("/v1/runs", json=spec)
         if resp.status_code != 201:
             raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")
@@ -264,7 +277,7 @@ def run(args) -> dict:
               f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
               f"appendfsync {args.appendfsync or '(no AOF)'}; logs {tmp / 'logs'}")
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
-              f"{'through MB':>10} {'reward/s':>9}  streams (prompts rollouts scored events weights dead)")
+              f"{'through MB':>10} {'reward/s':>9} {'val s':>6}  streams (prompts rollouts scored events weights dead)")
         steps: list[dict] = []
         before = _redis_figures(r, k)
         peak = before["used_memory"]
@@ -288,12 +301,15 @@ def run(args) -> dict:
                     "bytes_through_redis": fig["net_bytes"] - before["net_bytes"], "streams": fig["streams"],
                     "samples": rec.get("samples", 0), "distinct_groups": rec.get("distinct_groups", 0), "version_mismatch": rec.get("version_mismatch", 0),
                     "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
+                    # wall time of the held-out validation of this step's policy version, run before the step
+                    "validation_s": (rec.get("validation") or {}).get("held", {}).get("seconds"),
                 }
                 steps.append(row)
                 s = fig["streams"]
                 print(f"{row['step']:>4} {total:>8.2f} {row['rollout_s']:>8.2f} {row['train_s']:>6.2f} {row['sync_s']:>6.2f} {row['other_s']:>6.2f} "
                       f"{100 * row['orchestration_fraction']:>6.2f}% {row['redis_used_bytes'] / 2**20:>9.1f} {peak / 2**20:>8.1f} "
-                      f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f}  "
+                      f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f} "
+                      f"{'-' if row['validation_s'] is None else format(row['validation_s'], '.2f'):>6}  "
                       + " ".join(str(s[n]) for n in STREAMS), flush=True)
                 before, peak = fig, fig["used_memory"]
             status = api.get(f"/v1/runs/{RUN}").json()["status"]
@@ -308,6 +324,7 @@ def run(args) -> dict:
             "lost_steps": lost, "version_mismatch": sum(s["version_mismatch"] for s in steps),
             "redis_used_bytes_first": steps[0]["redis_used_bytes"], "redis_used_bytes_last": steps[-1]["redis_used_bytes"],
             "redis_peak_bytes": max(s["redis_peak_bytes"] for s in steps),
+            "validation_seconds": [s["validation_s"] for s in steps if s["validation_s"] is not None],
         }
         mb = 2**20
         tokens = sum(s["tokens"] for s in steps) / len(steps)
@@ -317,6 +334,12 @@ def run(args) -> dict:
               f"({tokens / 1e6:.1f}M response tokens per step); "
               f"orchestration {100 * sum(s['orchestration_s'] for s in steps) / sum(s['total_s'] for s in steps):.2f}% of step time; "
               f"dead letters {summary['dead_letters']}; groups lost in steps {lost or 'none'}; version mismatches {summary['version_mismatch']:.0f}")
+        if summary["validation_seconds"]:
+            val = summary["validation_seconds"]
+            mean_step = sum(s["total_s"] for s in steps) / len(steps)
+            print(f"validation ({args.validation_prompts} prompts x {args.validation_samples} samples, T={args.max_tokens}): {sum(val) / len(val):.1f}s mean over "
+                  f"{len(val)} validations = {sum(val) / len(val) / mean_step:.2f}x a step ({mean_step:.1f}s); every {args.validation_every} steps: "
+                  f"+{100 * sum(val) / len(val) / mean_step / args.validation_every:.1f}% wall time")
         return summary
     finally:
         for p in procs:
@@ -349,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--appendfsync", choices=("always", "everysec", "no"), default=None,
                     help="run Redis with an append-only file fsynced this way (default: none, as `magic local`); the chart's is everysec")
     ap.add_argument("--keep-streams", action="store_true", help="run the controller with MAGIC_TRIM_STREAMS=false (for comparison)")
+    ap.add_argument("--validation-every", type=int, default=0, help="validate every this many steps (0: no validation)")
+    ap.add_argument("--validation-prompts", type=int, default=30, help="held-out prompts (AIME24: 30)")
+    ap.add_argument("--validation-samples", type=int, default=32, help="samples per held-out prompt (the paper's avg@32)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the per-step figures here")
     args = ap.parse_args(argv)
