@@ -63,17 +63,28 @@ def _line(r: dict) -> str:
 
 
 DATASET = "chain-sum"
+HELDOUT = "chain-sum-heldout"
 
 
 def build_spec(args: argparse.Namespace, demo, stages: list) -> dict:
-    """The run: the demo model and data, and `stages` (validated StageConfigs)."""
-    return {
+    """The run: the demo model and data, and `stages` (validated StageConfigs); with in-run
+    validation, the first --val-prompts held-out prompts every --val-every steps (at most the
+    plan's length), avg@--eval-samples at the first stage's tau and each stage's T. Validation
+    leaves training as it is: its groups have their own seeds and run between steps, and the
+    engine samples every group from its own generator."""
+    spec = {
         "name": args.run_name,
         "model": str(demo.model.resolve()),
         "datasets": [DATASET],
         "seed": args.seed,
         "stages": [s.model_dump(mode="json") for s in stages],
     }
+    if args.val_every > 0 and not args.no_eval:
+        spec["validation"] = {
+            "datasets": [HELDOUT], "every": min(args.val_every, sum(s.steps for s in stages)), "samples": args.eval_samples,
+            "temperature": stages[0].temperature, "max_prompts": args.val_prompts,
+        }
+    return spec
 
 
 def engine_env(engine: str) -> dict[str, str]:
@@ -179,6 +190,8 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
 
         try:
             api.register_dataset(DATASET, str(demo.train.resolve()))
+            if "validation" in spec:
+                api.register_dataset(HELDOUT, str(demo.eval.resolve()))
             total = api.create_run(spec)["total_steps"]
         except ClientError as exc:
             raise LaunchError(f"the controller refused the run: {exc}") from None
@@ -188,6 +201,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         token_file.chmod(0o600)
         print(f"      watch it from another shell: MAGIC_API_TOKEN=$(cat {token_file}) magic status {args.run_name} --url http://127.0.0.1:{api_port} --watch", flush=True)
         records = _follow(api, sup, args.run_name, total, args.timeout)
+        validations = {int(v): f[HELDOUT] for v, f in api.get(f"/v1/runs/{args.run_name}/validation").items()} if "validation" in spec else {}
 
         after = None
         weights_dir = out / "data" / "runs" / args.run_name / "weights"
@@ -203,7 +217,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
 
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-    plot = plot_run(records, out / "run.png", before.avg_at_n if before else None, after.avg_at_n if after else None)
+    plot = plot_run(records, out / "run.png", before.avg_at_n if before else None, after.avg_at_n if after else None, validations)
     mismatches = int(sum(r.get("version_mismatch", 0) for r in records))
     summary = {
         "steps": len(records),
@@ -212,6 +226,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         "heldout_accuracy_after": after.avg_at_n if after else None,
         "heldout_before": before.as_dict() if before else None,  # every figure (magic.evaluation.Figures)
         "heldout_after": after.as_dict() if after else None,
+        "validation": {str(v): f for v, f in sorted(validations.items())},  # in-run: policy version -> figures
         "version_mismatches": mismatches,
         "engine": args.engine,
         "transport": args.transport,
