@@ -20,10 +20,16 @@ anything was dead-lettered.
     .venv/bin/python benchmarks/paper_scale.py                          # D_R=256, gs=16, T=16k, 4 steps
     .venv/bin/python benchmarks/paper_scale.py --groups 32 --steps 50   # memory over 50 steps
     .venv/bin/python benchmarks/paper_scale.py --rollout-workers 4      # several rollout processes
+    .venv/bin/python benchmarks/paper_scale.py --validation-every 2     # + held-out validation (AIME24-sized: 30 x 32)
 
 At the end it states the weight fan-out per transport (filesystem, http, nccl) for the rollout
 workers it ran and for --fanout-pods (64): bytes through the shared volume, the learner's link
 and each pod's link per step, from the weight loads per worker per step it measured.
+
+With --validation-every E the run validates every E steps (and the final policy) on a held-out
+set of --validation-prompts prompts x --validation-samples samples at the run's T, through the
+same stand-in fleet and the real reward service; each step's validation wall time is printed
+beside the step's (it runs between steps, so it adds to the run's wall time).
 """
 
 from __future__ import annotations
@@ -242,6 +248,8 @@ def run(args) -> dict:
                 max_position_embeddings=args.max_tokens + 1024)  # only its config and tokenizer are used
     data = tmp / "train.jsonl"
     _dataset(data, args.groups * (args.steps + 1))
+    held = tmp / "held.jsonl"
+    _dataset(held, args.validation_prompts)
     server = RedisServer(maxmemory=args.maxmemory, appendfsync=args.appendfsync).start()
     r = redis.Redis.from_url(server.url)
     port = free_port()
@@ -277,6 +285,11 @@ def run(args) -> dict:
             time.sleep(0.2)
         spec = {"name": RUN, "model": str(model), "train_files": [str(data)],
                 "stages": [{"name": "paper", "steps": args.steps, "T": args.max_tokens, "D_R": args.groups, "gs": args.group_size, "lr": 1e-6}]}
+        if args.validation_every:
+            resp = api.post("/v1/datasets", json={"name": "held", "path": str(held)})
+            if resp.status_code != 201:
+                raise RuntimeError(f"the controller refused the held-out dataset: {resp.status_code} {resp.text}")
+            spec["validation"] = {"datasets": ["held"], "every": args.validation_every, "k": args.validation_samples}
         resp = api.post("/v1/runs", json=spec)
         if resp.status_code != 201:
             raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")
@@ -285,7 +298,7 @@ def run(args) -> dict:
               f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
               f"appendfsync {args.appendfsync or '(no AOF)'}; logs {tmp / 'logs'}")
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
-              f"{'through MB':>10} {'reward/s':>9}  streams (prompts rollouts scored events weights dead)")
+              f"{'through MB':>10} {'reward/s':>9} {'val s':>6}  streams (prompts rollouts scored events weights dead)")
         steps: list[dict] = []
         served = {}  # rollout worker -> the version it serves (the weight_versions hash): a change is one load
         before = _redis_figures(r, k)
@@ -310,6 +323,8 @@ def run(args) -> dict:
                     "bytes_through_redis": fig["net_bytes"] - before["net_bytes"], "streams": fig["streams"],
                     "samples": rec.get("samples", 0), "distinct_groups": rec.get("distinct_groups", 0), "version_mismatch": rec.get("version_mismatch", 0),
                     "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
+                    # wall time of the held-out validation of this step's policy version, run before the step
+                    "validation_s": (rec.get("validation") or {}).get("held", {}).get("seconds"),
                 }
                 now = {w.decode(): int(v) for w, v in r.hgetall(k.weight_versions).items()}
                 row["weight_loads"] = sum(1 for w, v in now.items() if served.get(w) != v)
@@ -318,7 +333,8 @@ def run(args) -> dict:
                 s = fig["streams"]
                 print(f"{row['step']:>4} {total:>8.2f} {row['rollout_s']:>8.2f} {row['train_s']:>6.2f} {row['sync_s']:>6.2f} {row['other_s']:>6.2f} "
                       f"{100 * row['orchestration_fraction']:>6.2f}% {row['redis_used_bytes'] / 2**20:>9.1f} {peak / 2**20:>8.1f} "
-                      f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f}  "
+                      f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f} "
+                      f"{'-' if row['validation_s'] is None else format(row['validation_s'], '.2f'):>6}  "
                       + " ".join(str(s[n]) for n in STREAMS), flush=True)
                 before, peak = fig, fig["used_memory"]
             status = api.get(f"/v1/runs/{RUN}").json()["status"]
@@ -333,6 +349,7 @@ def run(args) -> dict:
             "lost_steps": lost, "version_mismatch": sum(s["version_mismatch"] for s in steps),
             "redis_used_bytes_first": steps[0]["redis_used_bytes"], "redis_used_bytes_last": steps[-1]["redis_used_bytes"],
             "redis_peak_bytes": max(s["redis_peak_bytes"] for s in steps),
+            "validation_seconds": [s["validation_s"] for s in steps if s["validation_s"] is not None],
         }
         mb = 2**20
         tokens = sum(s["tokens"] for s in steps) / len(steps)
@@ -353,6 +370,12 @@ def run(args) -> dict:
         for n, table in summary["weight_fanout"].items():
             for name, row in table.items():
                 print(f"{n:>5} {name:>11} {row['volume'] / gb:>10.1f} {row['learner_link'] / gb:>16.1f} {row['pod_link'] / gb:>12.1f}")
+        if summary["validation_seconds"]:
+            val = summary["validation_seconds"]
+            mean_step = sum(s["total_s"] for s in steps) / len(steps)
+            print(f"validation ({args.validation_prompts} prompts x {args.validation_samples} samples, T={args.max_tokens}): {sum(val) / len(val):.1f}s mean over "
+                  f"{len(val)} validations = {sum(val) / len(val) / mean_step:.2f}x a step ({mean_step:.1f}s); every {args.validation_every} steps: "
+                  f"+{100 * sum(val) / len(val) / mean_step / args.validation_every:.1f}% wall time")
         return summary
     finally:
         for p in procs:
@@ -388,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-bytes", type=float, default=15.2e9, help="bytes of one published policy version for the fan-out figures (7.6B params in bf16)")
     ap.add_argument("--fanout-pods", type=int, default=64, help="rollout pods the fan-out figures are stated for")
     ap.add_argument("--gpus-per-pod", type=int, default=2, help="vLLM GPUs per rollout pod (tensor parallel) for the nccl figures")
+    ap.add_argument("--validation-every", type=int, default=0, help="validate every this many steps (0: no validation)")
+    ap.add_argument("--validation-prompts", type=int, default=30, help="held-out prompts (AIME24: 30)")
+    ap.add_argument("--validation-samples", type=int, default=32, help="samples per held-out prompt (the paper's avg@32)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the per-step figures here")
     args = ap.parse_args(argv)

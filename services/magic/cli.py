@@ -16,6 +16,13 @@ The controller's API (URL from --url or MAGIC_CONTROLLER_URL, token from --token
     magic plan submit RUN -f plan.json                append several stages that advance by themselves
     magic status RUN [--watch]                        stage, step, version, workers, last step; live view
 
+Held-out evaluation:
+
+    magic eval --local MODEL_OR_CHECKPOINT -d data.jsonl -k 8 [--out eval.json]
+                                                      avg@n, pass@k (95% CI), length, truncation
+    magic export RUN [--step K] --out DIR [--dtype bfloat16]
+                                                      a run's checkpoint as a Hugging Face model directory
+
 Heavy libraries (torch, fastapi) are imported only by the subcommand that needs them. Nothing
 imports this module: it is the leaf of the package.
 """
@@ -27,6 +34,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from magic.config.files import load_file
 from magic.config.flags import add_model_flags, merge, model_overrides
@@ -119,6 +127,38 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("-f", "--file", required=True, help='{"stages": [...], "on_plan_end": "finish"|"wait"} or a list of stages')
     _add_api_arguments(submit)
 
+    ev = sub.add_parser(
+        "eval", help="held-out figures (avg@n, pass@k with a 95%% CI, length, truncation) of a model or checkpoint",
+        description="Samples every prompt of a dataset n times with a policy, verifies every answer and prints avg@n, "
+        "pass@k (Chen et al.'s unbiased estimator) with a 95%% confidence interval over prompts, the mean response length "
+        "and the truncated share (the figures of in-run validation, magic.evaluation); --out writes them as JSON.",
+    )
+    ev.add_argument("target", help="with --local: a Hugging Face model directory or a learner checkpoint (DATA_DIR/runs/RUN/checkpoints/step-K)")
+    ev.add_argument("--local", action="store_true", help="evaluate on this machine: a torch rollout engine and the reward scorer in-process")
+    ev.add_argument("--dataset", "-d", required=True, help="with --local: a JSONL/Parquet file of verl records with ground truths")
+    ev.add_argument("--samples", "-k", "-n", type=int, default=4, help="n samples per prompt (avg@n; the paper's k of avg@k) (default: 4)")
+    ev.add_argument("--pass-k", type=int, default=None, help="the k of the reported pass@k, 1 <= k <= n (default: n)")
+    ev.add_argument("--temperature", "--tau", type=float, default=1.0, help="sampling temperature (default: 1, the paper's)")
+    ev.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1)")
+    ev.add_argument("--T", "--max-tokens", dest="max_tokens", type=int, default=None, help="response token limit T (default: the model's context window less the longest prompt, at most 4096)")
+    ev.add_argument("--max-prompts", type=int, default=None, help="evaluate only the first this many prompts (default: all)")
+    ev.add_argument("--seed", type=int, default=None, help="sampling seed of prompt 0; prompt i gets seed + i (default: 1234)")
+    ev.add_argument("--out", "-o", default=None, help="write the figures (and every prompt's outcome) as JSON to this file")
+    _add_api_arguments(ev)
+
+    exp = sub.add_parser(
+        "export", help="a run's checkpoint as a Hugging Face model directory (transformers and vLLM load it as is)",
+        description="Copies the model of a learner checkpoint (DATA_DIR/runs/RUN/checkpoints/step-K) — config, safetensors "
+        "weights, generation config, tokenizer and chat template — without the training state (optimizer, EMA reference, "
+        "trainer state), into a directory `from_pretrained` and `vllm serve` load as is.",
+    )
+    exp.add_argument("run")
+    exp.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete checkpoint)")
+    exp.add_argument("--out", "-o", required=True, help="the model directory to write (must not exist unless --force)")
+    exp.add_argument("--data-dir", default=None, help="the shared volume the learner writes to (default: $MAGIC_DATA_DIR or .magic/data)")
+    exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="convert the weights (default: as stored, the learner's float32)")
+    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
+
     status = sub.add_parser("status", help="a run's stage, step, policy version, workers and last step")
     status.add_argument("run")
     status.add_argument("--watch", "-w", action="store_true", help="refresh until the run ends")
@@ -142,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         from magic.local.launcher import launch  # the services' client code and its dependencies: not for `magic --help`
 
         return launch(args)
+    if args.command == "eval":
+        return eval_command(args)
+    if args.command == "export":
+        return export_command(args)
     return api_command(args)
 
 
@@ -156,6 +200,98 @@ def serve_service(name: str) -> int:
     else:
         from magic.learner.worker import run  # torch
     return run()
+
+
+# -- held-out evaluation -------------------------------------------------------------------------
+
+EVAL_MAX_TOKENS = 4096
+"""`magic eval`'s default T when the model's window allows it."""
+
+
+def _eval_usage(problem: str) -> int:
+    print(f"magic eval: {problem}", file=sys.stderr)
+    return Exit.usage
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """`magic eval`: check the flags (exit 2 with the reason), evaluate, print the table, write the JSON."""
+    if args.samples < 1:
+        return _eval_usage(f"--samples must be at least 1, got {args.samples}")
+    if args.pass_k is not None and not 1 <= args.pass_k <= args.samples:
+        return _eval_usage(f"--pass-k must be between 1 and --samples = {args.samples} (pass@k needs k <= n samples per prompt), got {args.pass_k}")
+    if not 0 < args.temperature <= 10 or not 0 < args.top_p <= 1:
+        return _eval_usage(f"--temperature must be in (0, 10] and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        return _eval_usage(f"--T must be at least 1, got {args.max_tokens}")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        return _eval_usage(f"--max-prompts must be at least 1, got {args.max_prompts}")
+    if not args.local:
+        return _eval_usage("only --local evaluation is available: give a model directory or a learner checkpoint and a dataset file")
+    return _eval_local(args)
+
+
+def _eval_local(args: argparse.Namespace) -> int:
+    from magic.controller.datasets import DatasetError, load_records
+    from magic.local import evaluate as ev  # heavy (torch): after the flags are checked
+
+    try:
+        records = load_records(args.dataset)
+    except DatasetError as exc:
+        return _eval_usage(f"--dataset: {exc}")
+    records = records[: args.max_prompts] if args.max_prompts else records
+    if not records:
+        return _eval_usage(f"--dataset {args.dataset}: no records")
+    if (blank := ev.without_ground_truth(records)) is not None:
+        return _eval_usage(f"--dataset {args.dataset}: record {blank} has no ground truth (reward_model.ground_truth is empty): it cannot be judged")
+    try:
+        engine = ev.load_engine(args.target)
+    except ev.EvaluationError as exc:
+        return _eval_usage(str(exc))
+    window = ev.context_window(args.target)
+    longest = max(len(engine.render_prompt([{"role": r, "content": c} for r, c in rec.messages])) for rec in records)
+    t = args.max_tokens if args.max_tokens is not None else min(EVAL_MAX_TOKENS, (window or EVAL_MAX_TOKENS + longest) - longest)
+    if t < 1 or (window is not None and longest + t > window):
+        return _eval_usage(f"T = {t} plus the longest prompt ({longest} tokens) exceeds the model's context window {window}")
+    seed = ev.DEFAULT_SEED if args.seed is None else args.seed
+    name = Path(args.dataset).stem
+    t0 = time.monotonic()
+    outcomes = ev.outcomes(engine, records, args.samples, args.temperature, t, seed, top_p=args.top_p)
+    figures = {name: ev.summarise(outcomes, args.pass_k).as_dict()}
+    report = {
+        "target": str(Path(args.target).resolve()),
+        "mode": "local",
+        "dataset": str(Path(args.dataset).resolve()),
+        "samples": args.samples,
+        "k": args.pass_k or args.samples,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_tokens": t,
+        "seed": seed,
+        "seconds": time.monotonic() - t0,
+        "figures": figures,
+        "prompts": [{"uid": rec.uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated} for rec, o in zip(records, outcomes)],
+    }
+    print(render_figures(figures))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        print(f"written: {args.out}")
+    return Exit.ok
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """`magic export`: exit 2 naming the available steps for an unknown run, step or checkpoint."""
+    from magic.config.settings import ServiceSettings
+    from magic.learner.export import ExportError, export_checkpoint, find_checkpoint  # heavy (torch): only here
+
+    data_dir = args.data_dir or ServiceSettings().data_dir
+    try:
+        checkpoint = find_checkpoint(data_dir, args.run, args.step)
+        files = export_checkpoint(checkpoint, Path(args.out), args.dtype, overwrite=args.force)
+    except ExportError as exc:
+        print(f"magic export: {exc}", file=sys.stderr)
+        return Exit.usage
+    print(f"exported {checkpoint} -> {args.out}: {', '.join(files)}")
+    return Exit.ok
 
 
 # -- the API commands ---------------------------------------------------------------------------

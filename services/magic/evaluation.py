@@ -36,6 +36,13 @@ class PromptOutcome:
     lengths: tuple[int, ...]  # response tokens, one per sample
     truncated: tuple[bool, ...]  # finish reason `length` (cut at T), one per sample
 
+    @classmethod
+    def of(cls, correctness: Sequence[float], lengths: Sequence[int], truncated: Sequence[bool]) -> "PromptOutcome":
+        """From the verifier's correctness per sample (`pb.Score.correctness`, 1.0 when the answer
+        is right): the one rule, shared by in-run validation and local evaluation, of what counts
+        as a correct sample."""
+        return cls(tuple(c >= 1.0 for c in correctness), tuple(int(n) for n in lengths), tuple(bool(t) for t in truncated))
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. (2021) unbiased pass@k of one prompt with `c` correct of `n` samples:
@@ -106,9 +113,12 @@ def summarise(outcomes: Sequence[PromptOutcome], k: int | None = None, z: float 
         raise ValueError(f"every prompt needs the same number of samples with a length and a finish reason each (got n in {sorted(ns)})")
     n = ns.pop()
     k = n if k is None else k
-    avg, avg_lo, avg_hi = mean_ci([avg_at_n(o.correct) for o in outcomes], z)
+    _, avg_lo, avg_hi = mean_ci([avg_at_n(o.correct) for o in outcomes], z)
     pk, pk_lo, pk_hi = mean_ci([pass_at_k(n, sum(o.correct), k) for o in outcomes], z)
     total = n * len(outcomes)
+    # the mean of the per-prompt avg@n, as one division (all prompts have n samples): the same
+    # float as correct samples / samples, the accuracy `magic local` has always reported
+    avg = sum(sum(o.correct) for o in outcomes) / total
     return Figures(
         prompts=len(outcomes),
         samples=n,

@@ -21,15 +21,35 @@ def test_a_bad_stage_plan_is_refused_before_the_warm_start(tmp_path):
     assert not (tmp_path / "demo").exists()
 
 
-def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "magic.cli", "local", "--out", str(out), "--demo-dir", str(tmp_path / "demo"),
-         "--sft-steps", "20", "--stage1-steps", "2", "--stage2-steps", "2", "--T1", "16", "--T2", "32",
-         "--rollout-batch-size", "4", "--group-size", "4", "--eval-prompts", "8", "--eval-samples", "2", "--timeout", "300"],
-        capture_output=True, text=True, timeout=600,
-    )
+ARGS = ["--sft-steps", "20", "--stage1-steps", "2", "--stage2-steps", "2", "--T1", "16", "--T2", "32",
+        "--rollout-batch-size", "4", "--group-size", "4", "--eval-prompts", "8", "--eval-samples", "2", "--timeout", "300"]
+
+
+def _local(out, demo, *extra) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "magic.cli", "local", "--out", str(out), "--demo-dir", str(demo), *ARGS, *extra],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+TIMING = ("seconds", "per_second", "per_hour", "_at", "time")
+
+
+def _training_figures(record: dict) -> dict:
+    """A step record's training figures: everything but wall times and validation."""
+    return {k: v for k, v in record.items() if k != "validation" and not any(t in k for t in TIMING)}
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory):
+    """The short run with in-run validation every 2 steps on 4 held-out prompts."""
+    tmp = tmp_path_factory.mktemp("local")
+    return tmp, _local(tmp / "out", tmp / "demo", "--val-every", "2", "--val-prompts", "4")
+
+
+def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(validated_run):
+    tmp_path, proc = validated_run
+    out = tmp_path / "out"
     assert "held-out accuracy:" in proc.stdout and "step   3 [stage2 T=32]" in proc.stdout
     assert "warm start" in proc.stdout  # the progress bar
     tail = proc.stdout[proc.stdout.index("next:"):]
@@ -39,6 +59,14 @@ def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["version_mismatches"] == 0 and summary["stages"] == ["stage1", "stage2"]
     assert 0 <= summary["heldout_accuracy_before"] <= 1 and 0 <= summary["heldout_accuracy_after"] <= 1
+    assert summary["heldout_before"]["avg_at_n"] == summary["heldout_accuracy_before"] and summary["heldout_before"]["prompts"] == 8
+    # in-run validation of versions 0, 2 and the final 4: in the step records and the summary
+    assert sorted(summary["validation"]) == ["0", "2", "4"]
+    for v in ("0", "2", "4"):
+        f = summary["validation"][v]
+        assert (f["prompts"], f["samples"]) == (4, 2) and 0 <= f["avg_at_n"] <= 1
+    assert [r["step"] for r in records if "validation" in r] == [0, 2]
+    assert records[2]["validation"]["chain-sum-heldout"] == summary["validation"]["2"]
     png = (out / "run.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -93,3 +121,17 @@ def test_nothing_outlives_a_killed_magic_local(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_in_run_validation_leaves_the_training_figures_as_they_are(validated_run):
+    """The same run without validation trains on the same samples: every training figure of
+    every step is equal (validation groups have their own seeds and run between steps)."""
+    tmp_path, _ = validated_run
+    _local(tmp_path / "plain", tmp_path / "demo", "--val-every", "0")
+    with_val = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    without = [json.loads(x) for x in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text())["validation"] == {}
+    assert len(with_val) == len(without) == 4
+    for a, b in zip(with_val, without):
+        assert {"reward_mean", "loss", "grad_norm", "entropy_coef", "response_length_mean"} <= _training_figures(a).keys() and a["response_length_mean"] > 0
+        assert _training_figures(a) == _training_figures(b), a["step"]

@@ -132,6 +132,12 @@ def _read_records(path: Path, prefix: str, fmt: str) -> list[PromptRecord]:
     return records
 
 
+def without_ground_truth(records: list[PromptRecord]) -> str | None:
+    """The uid of the first record whose ground truth is empty (it cannot be judged: no held-out
+    evaluation on such a dataset), or None."""
+    return next((r.uid for r in records if not r.ground_truth.strip()), None)
+
+
 def load_jsonl(path: str | Path) -> list[PromptRecord]:
     """The records of a JSONL file (uids "<file stem>:<line>")."""
     return load_records(path, fmt="jsonl")

@@ -46,10 +46,8 @@ log = logging.getLogger(__name__)
 def outcome_of(group: pb.ScoredGroup) -> PromptOutcome:
     """The outcome of one scored prompt group: per sample correct, response tokens, truncated at T."""
     samples = group.rollout.samples
-    return PromptOutcome(
-        correct=tuple(s.correctness >= 1.0 for s in group.scores),
-        lengths=tuple(len(s.response_ids) for s in samples),
-        truncated=tuple(s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples),
+    return PromptOutcome.of(
+        [s.correctness for s in group.scores], [len(s.response_ids) for s in samples], [s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples]
     )
 
 

@@ -63,17 +63,28 @@ def _line(r: dict) -> str:
 
 
 DATASET = "chain-sum"
+HELDOUT = "chain-sum-heldout"
 
 
 def build_spec(args: argparse.Namespace, demo, stages: list) -> dict:
-    """The run: the demo model and data, and `stages` (validated StageConfigs)."""
-    return {
+    """The run: the demo model and data, and `stages` (validated StageConfigs); with in-run
+    validation, the first --val-prompts held-out prompts every --val-every steps (at most the
+    plan's length), avg@--eval-samples at the first stage's tau and each stage's T. Validation
+    leaves training as it is: its groups have their own seeds and run between steps, and the
+    engine samples every group from its own generator."""
+    spec = {
         "name": args.run_name,
         "model": str(demo.model.resolve()),
         "datasets": [DATASET],
         "seed": args.seed,
         "stages": [s.model_dump(mode="json") for s in stages],
     }
+    if args.val_every > 0 and not args.no_eval:
+        spec["validation"] = {
+            "datasets": [HELDOUT], "every": min(args.val_every, sum(s.steps for s in stages)), "samples": args.eval_samples,
+            "temperature": stages[0].temperature, "max_prompts": args.val_prompts,
+        }
+    return spec
 
 
 def engine_env(engine: str) -> dict[str, str]:
@@ -175,10 +186,12 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         if not args.no_eval:
             print(f"[3/5] held-out accuracy of the warm start (avg@{args.eval_samples}, tau={stages[0].temperature}) ...", flush=True)
             before = _evaluate(demo, None, args.eval_prompts, eval_kwargs)
-            print(f"      before RL: accuracy {before.accuracy:.1%}  (truncated {before.truncated:.1%}, length {before.response_length:.1f})", flush=True)
+            print(f"      before RL: accuracy {before.avg_at_n:.1%}  (pass@{before.k} {before.pass_at_k:.1%}, truncated {before.truncated_ratio:.1%}, length {before.response_length_mean:.1f})", flush=True)
 
         try:
             api.register_dataset(DATASET, str(demo.train.resolve()))
+            if "validation" in spec:
+                api.register_dataset(HELDOUT, str(demo.eval.resolve()))
             total = api.create_run(spec)["total_steps"]
         except ClientError as exc:
             raise LaunchError(f"the controller refused the run: {exc}") from None
@@ -188,13 +201,14 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         token_file.chmod(0o600)
         print(f"      watch it from another shell: MAGIC_API_TOKEN=$(cat {token_file}) magic status {args.run_name} --url http://127.0.0.1:{api_port} --watch", flush=True)
         records = _follow(api, sup, args.run_name, total, args.timeout)
+        validations = {int(v): f[HELDOUT] for v, f in api.get(f"/v1/runs/{args.run_name}/validation").items()} if "validation" in spec else {}
 
         after = None
         weights_dir = out / "data" / "runs" / args.run_name / "weights"
         if not args.no_eval:
             print("[5/5] held-out accuracy of the trained policy ...", flush=True)
             after = _evaluate(demo, weights_dir, args.eval_prompts, eval_kwargs)
-            print(f"      after RL:  accuracy {after.accuracy:.1%}  (truncated {after.truncated:.1%}, length {after.response_length:.1f})", flush=True)
+            print(f"      after RL:  accuracy {after.avg_at_n:.1%}  (pass@{after.k} {after.pass_at_k:.1%}, truncated {after.truncated_ratio:.1%}, length {after.response_length_mean:.1f})", flush=True)
     finally:
         sup.stop_all()
         redis_server.stop()
@@ -203,13 +217,16 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
 
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-    plot = plot_run(records, out / "run.png", before.accuracy if before else None, after.accuracy if after else None)
+    plot = plot_run(records, out / "run.png", before.avg_at_n if before else None, after.avg_at_n if after else None, validations)
     mismatches = int(sum(r.get("version_mismatch", 0) for r in records))
     summary = {
         "steps": len(records),
         "stages": sorted({r["stage_name"] for r in records}),
-        "heldout_accuracy_before": before.accuracy if before else None,
-        "heldout_accuracy_after": after.accuracy if after else None,
+        "heldout_accuracy_before": before.avg_at_n if before else None,
+        "heldout_accuracy_after": after.avg_at_n if after else None,
+        "heldout_before": before.as_dict() if before else None,  # every figure (magic.evaluation.Figures)
+        "heldout_after": after.as_dict() if after else None,
+        "validation": {str(v): f for v, f in sorted(validations.items())},  # in-run: policy version -> figures
         "version_mismatches": mismatches,
         "engine": args.engine,
         "transport": args.transport,
@@ -219,7 +236,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     print("\n=== MAGIC local run ===")
     print(f"steps: {len(records)} over stages {', '.join(summary['stages'])}; samples trained at a different policy version: {mismatches}")
     if before and after:
-        print(f"held-out accuracy: {before.accuracy:.1%} -> {after.accuracy:.1%} ({100 * (after.accuracy - before.accuracy):+.1f} points)")
+        print(f"held-out accuracy: {before.avg_at_n:.1%} -> {after.avg_at_n:.1%} ({100 * (after.avg_at_n - before.avg_at_n):+.1f} points)")
     print(f"metrics: {metrics_path}\nplot:    {plot}\nlogs:    {out / 'logs'}\nwall time: {summary['wall_seconds']:.0f}s")
     print("\n" + next_commands(out, plot, summary["steps"]))
     return 0
@@ -276,16 +293,17 @@ def _follow(api, sup, run: str, total: int, timeout: float) -> list[dict]:
 
 
 def _evaluate(demo, weights_dir: Path | None, n_prompts: int, kwargs: dict):
-    from magic import modeling  # heavy (torch), as the three below
-    from magic.local.evaluate import evaluate
-    from magic.rollout.engine import TorchEngine
+    """Held-out figures (`magic.evaluation.Figures`) of the warm start, or of the newest weights
+    published under `weights_dir`: avg@n over the first `n_prompts` held-out prompts, prompt i
+    seeded 1234 + i (the accuracy printed is avg@n)."""
+    from magic.local.evaluate import evaluate, load_engine  # heavy (torch), as the one below
     from magic.weights import FilesystemWeightStore
 
-    engine = TorchEngine(str(demo.model), max_batch_sequences=1024)
+    weights = None
     if weights_dir is not None:
         store = FilesystemWeightStore(weights_dir)
         versions = store.complete_versions()
         if not versions:
             raise LaunchError(f"no published weights under {weights_dir}")
-        modeling.load_state_dict(engine.model, store.load_version(versions[-1]))
-    return evaluate(engine, load_jsonl(demo.eval)[:n_prompts], **kwargs)
+        weights = store.load_version(versions[-1])
+    return evaluate(load_engine(demo.model, weights), load_jsonl(demo.eval)[:n_prompts], **kwargs)

@@ -65,11 +65,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     more.add_argument("--run-name", default="local", help="run id (default: local)")
     more.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for accuracy (default: 4)")
     more.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts to evaluate (default: 500)")
+    more.add_argument(
+        "--val-every", type=int, default=10,
+        help="in-run held-out validation every this many steps and of the final policy, through the services, plotted in run.png "
+        "(avg@--eval-samples on --val-prompts prompts; 0: none) (default: 10)",
+    )
+    more.add_argument("--val-prompts", type=int, default=64, help="held-out prompts of each in-run validation (default: 64)")
     more.add_argument("--rollout-workers", type=int, default=1, help="rollout processes (default: 1)")
     more.add_argument("--reward-workers", type=int, default=1, help="reward processes (default: 1)")
     more.add_argument("--transport", choices=["filesystem", "http"], default="filesystem", help="how the learner pushes weights to rollout workers each step (default: filesystem)")
     more.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
-    more.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after")
+    more.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation before and after, and the in-run validation")
     more.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds (default: 3600)")
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_run(records: list[dict], out: Path, eval_before: float | None = None, eval_after: float | None = None) -> Path:
+def plot_run(records: list[dict], out: Path, eval_before: float | None = None, eval_after: float | None = None, validation: dict[int, dict] | None = None) -> Path:
+    """`validation`: policy version -> in-run held-out figures (`magic.evaluation.Figures` as a
+    dict); version k is plotted at step k (the weights step k samples with), its 95% CI shaded."""
     try:
         import matplotlib
     except ImportError as exc:  # not in the service images: an extra of the package
@@ -19,6 +21,11 @@ def plot_run(records: list[dict], out: Path, eval_before: float | None = None, e
     ax = axes[0]
     ax.plot(steps, [r["accuracy_all"] for r in records], label="rollout accuracy (all)")
     ax.plot(steps, [r["accuracy_nontruncated"] for r in records], label="rollout accuracy (non-truncated)", alpha=0.6)
+    if validation:
+        vs = sorted(validation)
+        f = validation[vs[0]]
+        ax.plot(vs, [validation[v]["avg_at_n"] for v in vs], color="k", marker=".", label=f"held-out avg@{f['samples']} (in-run validation)")
+        ax.fill_between(vs, [validation[v]["avg_at_n_ci_low"] for v in vs], [validation[v]["avg_at_n_ci_high"] for v in vs], color="k", alpha=0.1)
     if eval_before is not None and steps:
         ax.scatter([steps[0]], [eval_before], color="k", marker="o", zorder=3, label=f"held-out before: {eval_before:.1%}")
     if eval_after is not None and steps:

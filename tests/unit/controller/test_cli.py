@@ -108,3 +108,46 @@ def test_status_rendering():
     assert "aime" in text and "avg@8 0.250" in text and "pass@4 0.500" in text and "[0.300, 0.700]" in text and "812.0" in text
     assert "run r: running" in text and "stage 1 'long'  T=96" in text and "rollout 1, reward 0, learner 1" in text
     assert "filtered prompts: online 2" in text and "ended at step 2 (steps)" in text and "reward_mean 0.500" in text
+
+
+# -- magic eval: bad input exits 2 with the reason, before any model is loaded ------------------
+
+
+def _dataset(tmp_path, ground_truth="7"):
+    path = tmp_path / "held.jsonl"
+    path.write_text('{"prompt": [{"role": "user", "content": "Add 3+4"}], "data_source": "magic/chain-sum", "reward_model": {"ground_truth": "%s"}}\n' % ground_truth)
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["-k", "0"], "--samples must be at least 1, got 0"),
+        (["-k", "2", "--pass-k", "3"], "--pass-k must be between 1 and --samples = 2"),
+        (["--T", "0"], "--T must be at least 1"),
+        (["--temperature", "0"], "--temperature must be in (0, 10]"),
+    ],
+)
+def test_eval_refuses_bad_flags(tmp_path, capsys, flags, message):
+    assert main(["eval", "--local", str(tmp_path), "-d", str(_dataset(tmp_path)), *flags]) == Exit.usage
+    assert message in capsys.readouterr().err
+
+
+def test_eval_refuses_a_missing_dataset_and_one_without_ground_truth(tmp_path, capsys):
+    assert main(["eval", "--local", str(tmp_path), "-d", str(tmp_path / "nope.jsonl")]) == Exit.usage
+    assert "nope.jsonl: no such file" in capsys.readouterr().err
+    assert main(["eval", "--local", str(tmp_path), "-d", str(_dataset(tmp_path, ground_truth=" "))]) == Exit.usage
+    assert "record held:1 has no ground truth" in capsys.readouterr().err
+
+
+def test_eval_refuses_an_unknown_model_and_an_incomplete_checkpoint(tmp_path, capsys):
+    data = str(_dataset(tmp_path))
+    assert main(["eval", "--local", str(tmp_path / "missing"), "-d", data]) == Exit.usage
+    assert "missing: no such model directory or checkpoint" in capsys.readouterr().err
+    assert main(["eval", "--local", str(tmp_path), "-d", data]) == Exit.usage
+    assert "not a Hugging Face model directory or checkpoint (no config.json)" in capsys.readouterr().err
+    step = tmp_path / "step-00000004"
+    step.mkdir()
+    (step / "config.json").write_text("{}")
+    assert main(["eval", "--local", str(step), "-d", data]) == Exit.usage
+    assert "an incomplete checkpoint (no COMPLETE marker" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from magic.config.schema import DatasetSpec, RunSpec
 from magic.controller.api.checks import check_stage, dataset_name_for, model_limits
 from magic.controller.api.deps import Authorized, Controller, ControllerDep, invalid, spec_or_404
 from magic.controller.api.views import RunView, run_view
-from magic.controller.datasets import DatasetError
+from magic.controller.datasets import DatasetError, without_ground_truth
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.store.runs import RunBusy, RunExists
 
@@ -74,7 +74,7 @@ def _check_validation(c: Controller, spec: RunSpec, window: int | None) -> None:
             records = c.datasets.load(name)
         except DatasetError as exc:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, f"validation.datasets[{i}]: {exc}") from None
-        if (blank := next((r.uid for r in records if not r.ground_truth.strip()), None)) is not None:
+        if (blank := without_ground_truth(records)) is not None:
             raise invalid(loc, f"dataset {name!r} cannot validate: record {blank} has no ground truth (reward_model.ground_truth is empty)", name)
         _, prompt_tokens = model_limits(spec.model, records[: cfg.max_prompts] if cfg.max_prompts else records)
         longest_t = cfg.context_length or max((s.context_length for s in spec.stages), default=0)
