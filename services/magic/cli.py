@@ -231,8 +231,9 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _eval_local(args: argparse.Namespace) -> int:
+    # the dataset readers (pyarrow for Parquet) and the engine (torch): after the flags are checked
     from magic.controller.datasets import DatasetError, load_records
-    from magic.local import evaluate as ev  # heavy (torch): after the flags are checked
+    from magic.local import evaluate as ev
 
     try:
         records = load_records(args.dataset)
@@ -280,8 +281,9 @@ def _eval_local(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     """`magic export`: exit 2 naming the available steps for an unknown run, step or checkpoint."""
+    # the shared volume's settings and the exporter (safetensors.torch, torch): only this command needs them
     from magic.config.settings import ServiceSettings
-    from magic.learner.export import ExportError, export_checkpoint, find_checkpoint  # heavy (torch): only here
+    from magic.learner.export import ExportError, export_checkpoint, find_checkpoint
 
     data_dir = args.data_dir or ServiceSettings().data_dir
     try:

@@ -86,7 +86,7 @@ def load_engine(model_dir: str | Path, weights: dict | None = None, max_batch_se
     from magic import modeling  # heavy (torch)
     from magic.rollout.engine import TorchEngine
 
-    from magic.learner.checkpoints import COMPLETE, TRAINER_STATE_FILE, problem
+    from magic.learner.checkpoints import COMPLETE, TRAINER_STATE_FILE, problem  # safetensors.torch: heavy, as above
 
     path = Path(model_dir)
     if not path.is_dir():
