@@ -143,8 +143,8 @@ class FakeServices:
     """A rollout worker serving policy version 0 (its heartbeat and loaded version) and a reward
     service scoring every held-out group, until stopped."""
 
-    def __init__(self, r, run: str):
-        self.r, self.run = r, run
+    def __init__(self, r, run: str, limit: int | None = None):
+        self.r, self.run, self.limit = r, run, limit
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -161,7 +161,8 @@ class FakeServices:
 
     def _loop(self):
         while not self.stop.wait(0.05):
-            score(self.r, self.run)
+            scored = score(self.r, self.run, stop_after=self.limit)
+            self.limit = None if self.limit is None else self.limit - scored
 
 
 def wait_eval(api, run: str, eval_id: str, timeout: float = 20.0) -> dict:
@@ -251,3 +252,29 @@ def test_evals_are_served_while_paused_or_waiting_and_bad_requests_are_refused(a
     Runs(r, tmp_path / "data").create(RunSpec(name="orphan", model=str(tiny_model_dir), datasets=["held"]))
     resp = post("orphan", T=12)
     assert resp.status_code == 409 and "no controller drives run 'orphan'" in resp.json()["detail"] and "magic eval --local" in resp.json()["detail"]
+
+
+def test_a_controller_restarted_mid_eval_finishes_it_without_double_counting(r, tmp_path, tiny_model_dir):
+    settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, worker_wait_seconds=600)
+    rk = keys.RunKeys("p")
+    with TestClient(create_app(settings, r)) as api:
+        assert api.post("/v1/datasets", json={"name": "held", "path": str(held_file(tmp_path))}, headers=AUTH).status_code == 201
+        run = {"name": "p", "model": str(tiny_model_dir), "datasets": ["held"], "stages": [{"name": "s", "steps": 2, "T": 16, "D_R": 2, "gs": 2}]}
+        assert api.post("/v1/runs", json=run, headers=AUTH).status_code == 201
+        assert api.post("/v1/runs/p/pause", headers=AUTH).status_code == 200
+        wait_status(api, "p", "paused")
+        with FakeServices(r, "p", limit=1):  # one of the three groups is scored, then the controller stops
+            assert api.post("/v1/runs/p/evals", json={"datasets": ["held"], "k": 4}, headers=AUTH).status_code == 202
+            deadline = time.monotonic() + 20
+            while len(r.hkeys(rk.evaluation("eval:1"))) < 2:  # `published` and one outcome
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert api.get("/v1/runs/p/evals/1").json()["status"] == "running"
+    # a new controller resumes the paused run and finishes the eval it finds running
+    with TestClient(create_app(settings, r)) as api, FakeServices(r, "p"):
+        body = wait_eval(api, "p", "1")
+        assert api.get("/v1/runs/p").json()["status"] == "paused"
+    assert body["status"] == "done" and body["policy_version"] == 0
+    assert body["figures"]["held"]["avg_at_n"] == pytest.approx((0.25 + 0 + 1) / 3) and body["figures"]["held"]["prompts"] == 3
+    prompts = [p.group_id for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
+    assert prompts == ["eval:1:held:00000", "eval:1:held:00001", "eval:1:held:00002"]  # published once
