@@ -18,8 +18,11 @@ The controller's API (URL from --url or MAGIC_CONTROLLER_URL, token from --token
 
 Held-out evaluation:
 
+    magic eval --run RUN -d DATASET -k 8 [--wait] [--out eval.json]
+                                                      avg@n, pass@k (95% CI), length, truncation of the
+                                                      run's current policy through the services
     magic eval --local MODEL_OR_CHECKPOINT -d data.jsonl -k 8 [--out eval.json]
-                                                      avg@n, pass@k (95% CI), length, truncation
+                                                      the same on this machine (a checkpoint, an export)
     magic export RUN [--step K] --out DIR [--dtype bfloat16]
                                                       a run's checkpoint as a Hugging Face model directory
 
@@ -128,21 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_api_arguments(submit)
 
     ev = sub.add_parser(
-        "eval", help="held-out figures (avg@n, pass@k with a 95%% CI, length, truncation) of a model or checkpoint",
+        "eval", help="held-out figures (avg@n, pass@k with a 95%% CI, length, truncation) of a run's policy, a model or a checkpoint",
         description="Samples every prompt of a dataset n times with a policy, verifies every answer and prints avg@n, "
         "pass@k (Chen et al.'s unbiased estimator) with a 95%% confidence interval over prompts, the mean response length "
-        "and the truncated share (the figures of in-run validation, magic.evaluation); --out writes them as JSON.",
+        "and the truncated share (the figures of in-run validation, magic.evaluation); --out writes them as JSON. "
+        "--run RUN: the policy version the run's rollout workers serve at its next step boundary (at once while it is paused "
+        "or waits), through the rollout and reward services (POST /v1/runs/RUN/evals). --local MODEL_OR_CHECKPOINT: on this "
+        "machine. A checkpoint through the services: `magic export` it and create a run with that model and no stages.",
     )
-    ev.add_argument("target", help="with --local: a Hugging Face model directory or a learner checkpoint (DATA_DIR/runs/RUN/checkpoints/step-K)")
+    ev.add_argument("target", nargs="?", default=None, help="with --local: a Hugging Face model directory or a learner checkpoint (DATA_DIR/runs/RUN/checkpoints/step-K)")
     ev.add_argument("--local", action="store_true", help="evaluate on this machine: a torch rollout engine and the reward scorer in-process")
-    ev.add_argument("--dataset", "-d", required=True, help="with --local: a JSONL/Parquet file of verl records with ground truths")
+    ev.add_argument("--run", default=None, help="evaluate this run's current policy through the controller's services")
+    ev.add_argument("--dataset", "-d", action="append", default=None, help="--run: a registered dataset name (repeatable); --local: one JSONL/Parquet file of verl records with ground truths")
+    ev.add_argument("--wait", action="store_true", help="--run: poll until the eval is done, print the table (and write --out)")
+    ev.add_argument("--id", dest="eval_id", default=None, help="--run: follow an eval posted before instead of posting one")
+    ev.add_argument("--interval", type=float, default=2.0, help="--run --wait: seconds between polls (default: 2)")
     ev.add_argument("--samples", "-k", "-n", type=int, default=4, help="n samples per prompt (avg@n; the paper's k of avg@k) (default: 4)")
     ev.add_argument("--pass-k", type=int, default=None, help="the k of the reported pass@k, 1 <= k <= n (default: n)")
     ev.add_argument("--temperature", "--tau", type=float, default=1.0, help="sampling temperature (default: 1, the paper's)")
     ev.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1)")
     ev.add_argument("--T", "--max-tokens", dest="max_tokens", type=int, default=None, help="response token limit T (default: the model's context window less the longest prompt, at most 4096)")
     ev.add_argument("--max-prompts", type=int, default=None, help="evaluate only the first this many prompts (default: all)")
-    ev.add_argument("--seed", type=int, default=None, help="sampling seed of prompt 0; prompt i gets seed + i (default: 1234)")
+    ev.add_argument("--seed", type=int, default=None, help="--local: sampling seed of prompt 0; prompt i gets seed + i (default: 1234; --run: the run's seeds)")
     ev.add_argument("--out", "-o", default=None, help="write the figures (and every prompt's outcome) as JSON to this file")
     _add_api_arguments(ev)
 
@@ -225,9 +235,64 @@ def eval_command(args: argparse.Namespace) -> int:
         return _eval_usage(f"--T must be at least 1, got {args.max_tokens}")
     if args.max_prompts is not None and args.max_prompts < 1:
         return _eval_usage(f"--max-prompts must be at least 1, got {args.max_prompts}")
-    if not args.local:
-        return _eval_usage("only --local evaluation is available: give a model directory or a learner checkpoint and a dataset file")
-    return _eval_local(args)
+    if args.local and args.run:
+        return _eval_usage("give either --run RUN (through the services) or --local MODEL_OR_CHECKPOINT (on this machine), not both")
+    if args.local:
+        if args.target is None:
+            return _eval_usage("--local needs a model directory or a learner checkpoint to evaluate")
+        if not args.dataset or len(args.dataset) != 1:
+            return _eval_usage("--local evaluates one dataset file: give exactly one -d DATA.jsonl")
+        return _eval_local(args)
+    if args.run is None:
+        return _eval_usage(
+            "give --run RUN to evaluate a run's current policy through the services, or --local MODEL_OR_CHECKPOINT to evaluate "
+            "on this machine; a checkpoint is evaluated with --local, or through the services by a run with no stages whose "
+            "model is the checkpoint's `magic export` (docs/controller.md)"
+        )
+    if args.target is not None:
+        return _eval_usage(f"--run evaluates the run's current policy: {args.target!r} is a target for --local only")
+    if args.seed is not None:
+        return _eval_usage("--seed is for --local: an eval of a run samples with the run's seeds (those of its validation)")
+    if args.eval_id is not None and args.dataset:
+        return _eval_usage(f"--id follows eval {args.eval_id} as it was posted: leave out -d and the sampling flags")
+    if args.eval_id is None and not args.dataset:
+        return _eval_usage("--run needs at least one registered dataset: -d NAME (magic dataset list)")
+    if args.out and not args.wait:
+        return _eval_usage("--out writes the figures once the eval is done: add --wait")
+    if args.interval <= 0:
+        return _eval_usage(f"--interval must be positive, got {args.interval}")
+    return _eval_run(args)
+
+
+def _eval_run(args: argparse.Namespace) -> int:
+    """`magic eval --run`: post the eval (or follow --id), poll while --wait, print and write the figures."""
+    body: dict = {"datasets": args.dataset, "samples": args.samples, "temperature": args.temperature, "top_p": args.top_p}
+    for key, value in (("pass_k", args.pass_k), ("context_length", args.max_tokens), ("max_prompts", args.max_prompts)):
+        if value is not None:
+            body[key] = value
+    try:
+        with ControllerClient(args.url, args.token) as client:
+            record = client.eval(args.run, args.eval_id) if args.eval_id else client.create_eval(args.run, body)
+            if not args.wait:
+                print(f"eval {record['id']} of run {args.run}: {record['status']} (follow it: magic eval --run {args.run} --id {record['id']} --wait)")
+                return Exit.ok
+            while record["status"] in ("pending", "running"):
+                time.sleep(args.interval)
+                record = client.eval(args.run, record["id"])
+    except ClientError as exc:
+        print(f"magic eval: {exc}", file=sys.stderr)
+        return exit_for_status(exc.status)
+    except KeyboardInterrupt:
+        return Exit.interrupted
+    if record["status"] != "done":
+        print(f"magic eval: eval {record['id']} of run {args.run} failed: {record.get('error')}", file=sys.stderr)
+        return Exit.failed
+    print(f"run {args.run}, policy version {record['policy_version']}, T={record['context_length']} (eval {record['id']}):")
+    print(render_figures(record["figures"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"mode": "run", "run": args.run, **record}, indent=1))
+        print(f"written: {args.out}")
+    return Exit.ok
 
 
 def _eval_local(args: argparse.Namespace) -> int:
@@ -236,14 +301,14 @@ def _eval_local(args: argparse.Namespace) -> int:
     from magic.local import evaluate as ev
 
     try:
-        records = load_records(args.dataset)
+        records = load_records(args.dataset[0])
     except DatasetError as exc:
         return _eval_usage(f"--dataset: {exc}")
     records = records[: args.max_prompts] if args.max_prompts else records
     if not records:
-        return _eval_usage(f"--dataset {args.dataset}: no records")
+        return _eval_usage(f"--dataset {args.dataset[0]}: no records")
     if (blank := ev.without_ground_truth(records)) is not None:
-        return _eval_usage(f"--dataset {args.dataset}: record {blank} has no ground truth (reward_model.ground_truth is empty): it cannot be judged")
+        return _eval_usage(f"--dataset {args.dataset[0]}: record {blank} has no ground truth (reward_model.ground_truth is empty): it cannot be judged")
     try:
         engine = ev.load_engine(args.target)
     except ev.EvaluationError as exc:
@@ -254,14 +319,14 @@ def _eval_local(args: argparse.Namespace) -> int:
     if t < 1 or (window is not None and longest + t > window):
         return _eval_usage(f"T = {t} plus the longest prompt ({longest} tokens) exceeds the model's context window {window}")
     seed = ev.DEFAULT_SEED if args.seed is None else args.seed
-    name = Path(args.dataset).stem
+    name = Path(args.dataset[0]).stem
     t0 = time.monotonic()
     outcomes = ev.outcomes(engine, records, args.samples, args.temperature, t, seed, top_p=args.top_p)
     figures = {name: ev.summarise(outcomes, args.pass_k).as_dict()}
     report = {
         "target": str(Path(args.target).resolve()),
         "mode": "local",
-        "dataset": str(Path(args.dataset).resolve()),
+        "dataset": str(Path(args.dataset[0]).resolve()),
         "samples": args.samples,
         "k": args.pass_k or args.samples,
         "temperature": args.temperature,

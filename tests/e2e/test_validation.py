@@ -1,10 +1,13 @@
 """Held-out validation in a run driven through the REST API: every 5 steps (and after the last)
 the controller sends the validation prompts through the real rollout and reward services; the
 recorded series (step records, GET .../validation, /metrics) must equal an independent
-recomputation from the scored samples, and the learner never sees a validation group."""
+recomputation from the scored samples, and the learner never sees a validation group. An eval
+posted mid-run by `magic eval --run` (POST .../evals) goes the same way under its own group ids,
+and its figures must equal the recomputation from its scored samples too."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -14,6 +17,7 @@ import pytest
 import redis
 from waiting import answers, wait_for
 
+from magic.cli import main
 from magic.demo import task
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
@@ -69,6 +73,12 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         }
         resp = api.post("/v1/runs", json=spec)
         assert resp.status_code == 201, resp.text
+        # mid-run (step 2 recorded), the CLI posts an eval of the current policy and waits for it
+        wait_for(lambda: len(api.get("/v1/runs/val/metrics").json()) >= 2, 120, "step 1 to be recorded", sup, interval=0.2)
+        out = tmp_path / "eval.json"
+        argv = ["eval", "--run", "val", "-d", "held", "-k", "2", "--pass-k", "1", "--max-prompts", "4", "--T", "48", "--wait", "--interval", "0.2", "--out", str(out)]
+        assert main([*argv, "--url", f"http://127.0.0.1:{port}", "--token", TOKEN]) == 0
+        evaluated = json.loads(out.read_text())
         deadline = time.monotonic() + 240
         while (view := api.get("/v1/runs/val").json())["status"] not in ("finished", "failed"):
             assert time.monotonic() < deadline and sup.first_exit() is None, view
@@ -77,9 +87,25 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
 
         # what the reward service scored for validation, by version; none of it reached the learner
         validated: dict[int, list[pb.ScoredGroup]] = {}
+        asked: list[pb.ScoredGroup] = []
         for _, g in Stream(r, rk.estimates).read_after("0", pb.ScoredGroup):
             assert g.rollout.prompt.kind == pb.GROUP_KIND_VALIDATE and all(s.policy_version == g.rollout.prompt.policy_version for s in g.rollout.samples)
-            validated.setdefault(g.rollout.prompt.policy_version, []).append(g)
+            if g.rollout.prompt.group_id.startswith("eval:"):
+                asked.append(g)
+            else:
+                validated.setdefault(g.rollout.prompt.policy_version, []).append(g)
+        # the eval: its own group ids, one policy version at a step boundary after step 1, T and k as asked
+        assert sorted(g.rollout.prompt.group_id for g in asked) == [f"eval:1:held:{i:05d}" for i in range(4)]
+        versions = {g.rollout.prompt.policy_version for g in asked}
+        assert len(versions) == 1 and 2 <= versions.pop() == evaluated["policy_version"] <= 7
+        assert all(g.rollout.prompt.sampling.max_tokens == 48 and len(g.scores) == 2 for g in asked)
+        assert evaluated["status"] == "done" and evaluated["context_length"] == 48 and evaluated["id"] == "1"
+        assert api.get("/v1/runs/val/evals/1").json()["figures"] == evaluated["figures"]
+        want = recompute(asked, k=1)
+        got = evaluated["figures"]["held"]
+        assert got["k"] == 1
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value), key
         assert sorted(validated) == [0, 5, 7]  # every 5 steps from the initial model, and the final policy
         assert all(len(gs) == 5 and {g.rollout.prompt.prompt_uid for g in gs} == {f"held:{i}" for i in range(1, 6)} for gs in validated.values())
         # T is the stage's: a (8) at version 0, b (10) at 5 and 7

@@ -79,7 +79,7 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     with pytest.raises(RuntimeError, match="died"):
         v1.run(spec, 2, 0, 16, tick=lambda: (reward_service(r, stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
     assert r.xlen(rk.prompts) == 3
-    published, received = runs["v"].validation_progress(2)
+    published, received = runs["v"].evaluation_progress("validation:2")
     assert published == 3 and len(received) == 2
     # a restarted controller: publishes nothing again, rereads the pending entries (replays), counts each group once
     v2 = validation()
@@ -96,7 +96,7 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     assert f["response_length_mean"] == pytest.approx(4.5)
     assert f["truncated_ratio"] == pytest.approx(0.25)
     assert runs["v"].validations() == {2: figures}
-    assert runs["v"].validation_progress(2) == (0, {})  # per-group outcomes dropped once summarised
+    assert runs["v"].evaluation_progress("validation:2") == (0, {})  # per-group outcomes dropped once summarised
     dead = [d for _, d in Stream(r, rk.dead).read_after("0", pb.DeadLetter)]
     assert len(dead) == 1 and "differs from the one the controller published" in dead[0].reason
     # the same seeds at every version (common random numbers); a finished validation is not run again

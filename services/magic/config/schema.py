@@ -332,45 +332,52 @@ class EstimationConfig(BaseModel):
         return next((n for p, n in self.samples_by_source.items() if fnmatch.fnmatchcase(ds, p.lower())), self.samples)
 
 
-class ValidationConfig(BaseModel):
-    """Held-out validation during the run (verl's `test_freq`, Skywork-OR1's avg@k curves): every
-    `every` steps — and before the first — the controller samples each prompt of the validation
-    datasets `samples` times with the current policy version, through the same rollout and reward
-    services as training (never reaching the learner), and records per dataset avg@n, pass@k
-    with a 95% confidence interval, mean response length and truncated share
-    (`magic.evaluation`) in the step record, `metrics.jsonl` and the magic_validation_* series."""
+class EvalConfig(BaseModel):
+    """What one held-out evaluation of a policy samples and reports: each prompt of the datasets
+    `samples` times through the rollout and reward services (never reaching the learner); per
+    dataset avg@n, pass@k with a 95% confidence interval, mean response length and truncated
+    share (`magic.evaluation`). The body of POST /v1/runs/{run}/evals; in-run validation adds
+    `every` (`ValidationConfig`)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
     datasets: list[DatasetName] = Field(min_length=1, max_length=16)
     """Registered dataset names (POST /v1/datasets) whose records all carry a ground truth."""
-    every: int = Field(default=10, ge=1, le=1_000_000)
-    """Validate the policy version of every step k with k % every == 0 (step 0: the initial model)."""
     samples: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("samples", "k"))
-    """n (the paper's k of avg@k): samples per validation prompt."""
+    """n (the paper's k of avg@k): samples per prompt."""
     pass_k: int | None = Field(default=None, ge=1, le=1024)
     """The k of the reported pass@k (Chen et al. unbiased estimator); None: `samples`."""
     temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
-    """tau of the validation samples (the paper evaluates at tau = 1)."""
+    """tau of the samples (the paper evaluates at tau = 1)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
-    """Nucleus sampling mass of the validation samples."""
+    """Nucleus sampling mass of the samples."""
     context_length: int | None = Field(default=None, ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
-    """T of the validation samples; None: the T of the stage the step belongs to."""
+    """T of the samples; None: the T of the stage the policy version belongs to."""
     max_prompts: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Validate only the first this many prompts of each dataset (None: all of them)."""
+    """Evaluate only the first this many prompts of each dataset (None: all of them)."""
 
     @model_validator(mode="after")
-    def _k_fits(self) -> "ValidationConfig":
+    def _k_fits(self) -> "EvalConfig":
         if self.pass_k is not None and self.pass_k > self.samples:
-            raise ValueError(f"validation.pass_k = {self.pass_k} exceeds validation.samples = {self.samples}: pass@k needs k <= n samples per prompt")
+            raise ValueError(f"pass_k = {self.pass_k} exceeds samples = {self.samples}: pass@k needs k <= n samples per prompt")
         if len(set(self.datasets)) != len(self.datasets):
-            raise ValueError(f"validation.datasets names a dataset twice: {self.datasets}")
+            raise ValueError(f"datasets names a dataset twice: {self.datasets}")
         return self
 
     @property
     def k(self) -> int:
         """The k of the reported pass@k."""
         return self.pass_k or self.samples
+
+
+class ValidationConfig(EvalConfig):
+    """Held-out validation during the run (verl's `test_freq`, Skywork-OR1's avg@k curves): every
+    `every` steps — and before the first — the controller evaluates the current policy version as
+    `EvalConfig` says, and records the figures in the step record, `metrics.jsonl` and the
+    magic_validation_* series."""
+
+    every: int = Field(default=10, ge=1, le=1_000_000)
+    """Validate the policy version of every step k with k % every == 0 (step 0: the initial model)."""
 
 
 class RunSpec(BaseModel):

@@ -12,6 +12,8 @@
     POST   /v1/runs/{run}/plan           append several stages; finish or wait after the last
     GET    /v1/runs/{run}/stages         the plan and what each started stage did
     POST   /v1/runs/{run}/pause|resume|stop
+    POST   /v1/runs/{run}/evals          evaluate the current policy on registered datasets (202, an eval id)
+    GET    /v1/runs/{run}/evals[/{id}]   evals: pending|running|done|failed, version, figures
     GET    /livez, /readyz, /metrics     probes and Prometheus
 
 Every POST/DELETE needs `Authorization: Bearer $MAGIC_API_TOKEN` when the controller has a
@@ -36,7 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from magic.controller.api import datasets, runs, stages
+from magic.controller.api import datasets, evals, runs, stages
 from magic.controller.api import status as status_routes
 from magic.controller.api.deps import Controller, ControllerDep
 from magic.controller.api.guard import RequestGuard
@@ -73,7 +75,7 @@ def create_app(settings: ControllerSettings | None = None, r: Redis | None = Non
         description="Runs multi-stage GRPO (Skywork-OR1's MAGIC recipe) over the rollout, reward and learner services.",
         lifespan=lifespan,
     )
-    for router in (datasets.router, runs.router, stages.router, status_routes.router):
+    for router in (datasets.router, runs.router, stages.router, status_routes.router, evals.router):
         app.include_router(router)
     app.add_middleware(RequestGuard, token=settings.api_token, max_body_bytes=settings.max_body_bytes, read_requires_token=settings.read_requires_token)
 

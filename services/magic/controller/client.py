@@ -134,3 +134,10 @@ class ControllerClient:
 
     def action(self, run: str, what: str) -> dict:
         return self.post(f"/v1/runs/{run}/{what}")
+
+    def create_eval(self, run: str, body: dict) -> dict:
+        """Queue an evaluation of the run's current policy (`EvalConfig`); its record (with its id)."""
+        return self.post(f"/v1/runs/{run}/evals", body)
+
+    def eval(self, run: str, eval_id: str) -> dict:
+        return self.get(f"/v1/runs/{run}/evals/{eval_id}")

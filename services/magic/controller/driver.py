@@ -8,6 +8,8 @@
                  stage are dropped), or finish / wait for a stage when the plan is done
         wait until every live rollout worker serves policy version k      (publish)
         [validate]  every `validation.every` steps: held-out figures of version k (validation.py)
+        [evals]     requested evaluations (POST /v1/runs/{run}/evals) of version k; while the
+                    run is paused or waits for a stage they are served at once
         publish D_R prompt groups tagged (step k, version k, the stage's T, gs, tau)
         wait for the learner's StepCompleted(k): it trained and published k+1   (rollout)
         wait until every live rollout worker serves version k + 1          (sync)
@@ -41,7 +43,7 @@ from magic.controller.estimation import DifficultyEstimation
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
 from magic.controller.stream_metrics import StreamSampler
-from magic.controller.validation import Validation
+from magic.controller.validation import EVAL_OPEN, Validation
 from magic.observability import metrics as m
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
@@ -224,7 +226,7 @@ class StepDriver(threading.Thread):
                 stage = self.plan.stage_for(self._spec(), k, pool)
                 if stage is None:
                     if self._spec().on_plan_end == "finish":
-                        self._validate_final(k)
+                        self._finish_plan(k)
                         return True
                     self._wait_for_stage()
                     continue
@@ -235,6 +237,7 @@ class StepDriver(threading.Thread):
                 self._check_control(allow_pause=True)
                 if self.validation.due(self._spec(), k):
                     self._validate(k, stage.index, stage.config.context_length)
+                self._serve_evals(k, stage.index, stage.config.context_length)
                 self.publish_step(k, stage)
                 phase = Phase.rollout
             if phase is Phase.rollout:
@@ -281,6 +284,7 @@ class StepDriver(threading.Thread):
                 if self.shutdown.is_set():
                     raise Shutdown()
                 self._check_events()
+                self._idle_evals()
                 self.wake.wait(0.2)
                 self.wake.clear()
             self.store.update(status=RunStatus.running)
@@ -294,6 +298,7 @@ class StepDriver(threading.Thread):
         while len(self._spec().stages) == stages:
             self._check_control()
             self._check_events()
+            self._idle_evals()
             self.wake.wait(0.2)
             self.wake.clear()
         self.store.update(status=RunStatus.running)
@@ -307,14 +312,44 @@ class StepDriver(threading.Thread):
         except DatasetError as exc:
             raise RunFailed(f"validation: {exc}") from None
 
-    def _validate_final(self, k: int) -> None:
+    def _finish_plan(self, k: int) -> None:
         """The plan finished after k steps: validate the final policy (version k) too, unless the
-        run has no validation (its figures are in GET /v1/runs/{run}/validation, not in a step record)."""
+        run has no validation (its figures are in GET /v1/runs/{run}/validation, not in a step
+        record), and serve the evaluations requested meanwhile."""
         spec = self._spec()
-        if spec.validation is None or k == 0 or not spec.stages:
+        validate = spec.validation is not None and k > 0 and bool(spec.stages)
+        if not validate and not self._open_evals():
             return
         self.wait_for_version(k)
-        self._validate(k, len(spec.stages) - 1, spec.stages[-1].context_length)
+        last = len(spec.stages) - 1
+        if validate:
+            self._validate(k, last, spec.stages[-1].context_length)
+        self._serve_evals(k, max(last, 0), spec.stages[-1].context_length if spec.stages else None)
+
+    # -- requested evaluations (POST /v1/runs/{run}/evals) -------------------------------------------
+
+    def _open_evals(self) -> list[dict]:
+        return [e for e in self.store.evals() if e["status"] in EVAL_OPEN]
+
+    def _serve_evals(self, version: int, stage_index: int, context_length: int | None) -> None:
+        """Serve every requested evaluation not finished yet on policy version `version`, which
+        every live rollout worker serves (one started before a restart: on its own version)."""
+        for record in self._open_evals():
+            self.validation.run_eval(self._spec(), record, version, stage_index, context_length, tick=lambda: (self._check_control(), self._check_events(block_ms=200)))
+
+    def _idle_evals(self) -> None:
+        """While the run is paused or waits for a stage (at step k, phase publish): serve the
+        requested evaluations at once on version k if every live rollout worker serves it; else
+        they wait (no worker yet: the next step boundary serves them)."""
+        if not self._open_evals():
+            return
+        state = self.store.state()
+        k = int(state.get("step", 0))
+        if not self._serving(k):
+            return
+        stages = self._spec().stages
+        index = min(max(int(state.get("stage", -1)), 0), len(stages) - 1)
+        self._serve_evals(k, max(index, 0), stages[index].context_length if stages else None)
 
     # -- phases ------------------------------------------------------------------------------
 
@@ -348,20 +383,27 @@ class StepDriver(threading.Thread):
         deadline = time.monotonic() + self.settings.worker_wait_seconds
         while True:
             self._check_events()
-            workers = self.channels.alive("rollout")
-            served = self.steps.served_versions()
-            live = [served.get(n, -1) for n in workers]
-            m.LIVE_WORKERS.labels(service="rollout").set(len(workers))
-            if live and min(live) >= version:
-                m.POLICY_VERSION.set(min(live))
+            if self._serving(version):
                 return time.time()
             self._check_control(allow_pause)
             if time.monotonic() > deadline:
+                workers, served = self.channels.alive("rollout"), self.steps.served_versions()
                 raise RunFailed(
                     f"no rollout worker serves policy version {version} after {self.settings.worker_wait_seconds:.0f}s "
                     f"(live workers and versions: { {n: served.get(n, -1) for n in workers} })"
                 )
             time.sleep(0.05)
+
+    def _serving(self, version: int) -> bool:
+        """Whether at least one rollout worker of this run serves `version` and none an older one."""
+        workers = self.channels.alive("rollout")
+        served = self.steps.served_versions()
+        live = [served.get(n, -1) for n in workers]
+        m.LIVE_WORKERS.labels(service="rollout").set(len(workers))
+        if live and min(live) >= version:
+            m.POLICY_VERSION.set(min(live))
+            return True
+        return False
 
     def wait_for_step(self, k: int) -> pb.StepCompleted:
         deadline = time.monotonic() + self.settings.step_timeout_seconds
@@ -379,7 +421,7 @@ class StepDriver(threading.Thread):
         self.stream_sampler.maybe_sample()
         self.plan.read_scored()
         if not self._estimating:  # validation results; estimation results outside the estimation: nobody else reads them
-            validated = []
+            validated = []  # validations and requested evaluations
             for entry in self.estimates.reclaim_from_others_if_due(1.0) + self.estimates.read(count=200, block_ms=None):
                 if (group := self.estimates.decode(entry, pb.ScoredGroup)) is None:
                     continue

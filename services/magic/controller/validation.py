@@ -1,25 +1,36 @@
-"""Held-out validation during a run: the curves a researcher steers stages by.
+"""Held-out evaluation through the services: a run's validation curve and `magic eval --run`.
 
-Before step k when k % `validation.every` == 0, and once more for the final policy when the plan
-finishes, the driver validates policy version k:
+One code path (`Validation.evaluate`) evaluates a policy version on registered datasets:
 
-    publish every validation prompt as a GROUP_KIND_VALIDATE group (n = validation.samples,
-        tau, T = validation.T or the stage's), tagged with version k, in one transaction
-    rollout pods (all serving version k) generate; the reward service scores and, as for
+    publish every prompt as a GROUP_KIND_VALIDATE group (n = samples, tau, T), tagged with the
+        version, in one transaction
+    rollout pods (all serving that version) generate; the reward service scores and, as for
         difficulty estimation, sends the scored group to the controller's `estimates` stream —
         never to the learner
     each scored group's outcome (correct, length, truncated per sample) is stored, then acked
     once every group is in: per dataset avg@n, pass@k with a 95% CI, mean length and truncated
-        share (`magic.evaluation.summarise`) are stored under version k, exported as the
-        magic_validation_* series, and merged into step k's record (`metrics.jsonl`)
+        share (`magic.evaluation.summarise`)
 
-Restarts. Group ids are `val:<version>:<dataset>:<index>` and the published count is written
-in the MULTI that publishes them, so a restarted controller never publishes a validation twice;
-outcomes are stored per group id before their entry is acknowledged (a replay writes the same
-value), so nothing is counted twice; a finished validation is never run again.
+Two callers, two scopes (`Scope`: where the groups' digests and the outcomes are kept):
 
-The sampling seeds are the same at every version (common random numbers): the step-to-step
-change of a curve then reflects the weights more than the draw.
+- step validation (`run`): before step k when k % `validation.every` == 0, and once more for the
+  final policy when the plan finishes; group ids `val:<version>:<dataset>:<index>`; the figures
+  are stored under version k, exported as the magic_validation_* series and merged into step k's
+  record (`metrics.jsonl`);
+- requested evaluations (`run_eval`, POST /v1/runs/{run}/evals): served by the driver at the
+  next step boundary, or at once while the run is paused or waits for a stage, on the version the
+  rollout workers serve then; group ids `eval:<id>:<dataset>:<index>`; the figures go into the
+  eval's record (GET /v1/runs/{run}/evals/{id}), not into the step records or the series.
+
+Restarts. Group ids are deterministic and the published count is written in the MULTI that
+publishes them (with, for an eval, its status `running` and the version it evaluates), so a
+restarted controller never publishes an evaluation twice; outcomes are stored per group id before
+their entry is acknowledged (a replay writes the same value), so nothing is counted twice; a
+finished evaluation is never run again.
+
+The sampling seeds are the same at every version and for every scope (common random numbers): the
+step-to-step change of a curve then reflects the weights more than the draw, and an eval of the
+version a validation saw draws the same samples.
 """
 
 from __future__ import annotations
@@ -28,19 +39,46 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from magic.config.schema import RunSpec, ValidationConfig
-from magic.controller.datasets import DatasetRegistry, PromptRecord, group_seed, prompt_group
+from magic.config.schema import EvalConfig, RunSpec
+from magic.controller.datasets import DatasetError, DatasetRegistry, PromptRecord, group_seed, prompt_group
 from magic.controller.errors import RunFailed
 from magic.controller.settings import ControllerSettings
 from magic.evaluation import PromptOutcome, summarise
 from magic.observability import metrics as m
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.runs import RunStore
-from magic.store.steps import StepStore, validation_scope
+from magic.store.steps import StepStore, eval_scope, validation_scope
 from magic.store.streams import ConsumerGroup, Entry
 
 log = logging.getLogger(__name__)
+
+EVAL_OPEN = ("pending", "running")
+"""Statuses of a requested evaluation the driver has still to serve."""
+
+
+class EvaluationTimeout(RunFailed):
+    """Not every group of an evaluation was scored within the step timeout."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where one evaluation lives: `key` files its groups' digests (`RunKeys.groups`) and its
+    outcomes (`RunKeys.evaluation`), `prefix` starts its group ids, `version` is the policy
+    version it evaluates."""
+
+    key: str
+    prefix: str
+    version: int
+
+    @classmethod
+    def validation(cls, version: int) -> "Scope":
+        return cls(validation_scope(version), f"val:{version}", version)
+
+    @classmethod
+    def eval(cls, eval_id: str, version: int) -> "Scope":
+        return cls(eval_scope(eval_id), f"eval:{eval_id}", version)
 
 
 def outcome_of(group: pb.ScoredGroup) -> PromptOutcome:
@@ -69,7 +107,8 @@ def export(figures: dict[str, dict], version: int) -> None:
 
 
 class Validation:
-    """Validates policy versions of run `store.run_id` through the rollout and reward services."""
+    """Evaluates policy versions of run `store.run_id` through the rollout and reward services:
+    the run's validation (`run`) and requested evaluations (`run_eval`), both by `evaluate`."""
 
     def __init__(self, store: RunStore, steps: StepStore, estimates: ConsumerGroup, datasets: DatasetRegistry, settings: ControllerSettings):
         self.run_id = store.run_id
@@ -78,49 +117,49 @@ class Validation:
         self.estimates = estimates
         self.datasets = datasets
         self.settings = settings
-        self._prompts: tuple[tuple[str, ...], list[tuple[int, str, PromptRecord]]] | None = None
+        self._prompts: dict[tuple[tuple[str, ...], int | None], list[tuple[int, str, PromptRecord]]] = {}
 
     def due(self, spec: RunSpec, version: int) -> bool:
         return spec.validation is not None and version % spec.validation.every == 0
 
-    def prompts(self, cfg: ValidationConfig) -> list[tuple[int, str, PromptRecord]]:
-        """(dataset index, dataset, record) of every validation prompt, read once per driver."""
-        names = tuple(cfg.datasets)
-        if self._prompts is None or self._prompts[0] != names:
+    def prompts(self, cfg: EvalConfig) -> list[tuple[int, str, PromptRecord]]:
+        """(dataset index, dataset, record) of every prompt to evaluate, read once per driver."""
+        key = (tuple(cfg.datasets), cfg.max_prompts)
+        if key not in self._prompts:
             rows = []
-            for d, name in enumerate(names):
+            for d, name in enumerate(cfg.datasets):
                 records = self.datasets.load(name)
                 rows += [(d, name, rec) for rec in (records[: cfg.max_prompts] if cfg.max_prompts else records)]
-            self._prompts = (names, rows)
-        return self._prompts[1]
+            self._prompts[key] = rows
+        return self._prompts[key]
 
-    def run(self, spec: RunSpec, version: int, stage_index: int, context_length: int, tick: Callable[[], None]) -> dict[str, dict]:
-        """Validate policy version `version` (the rollout workers serve it) and return its figures
-        per dataset; `tick` is the driver's (control requests, events — which feed `receive` —,
-        the lease). A validation already finished is returned as stored."""
-        cfg = spec.validation
-        assert cfg is not None
-        if (done := self.store.validation(version)) is not None:
-            return done
+    def evaluate(
+        self, scope: Scope, cfg: EvalConfig, seed: int, stage_index: int, t: int, tick: Callable[[], None],
+        on_publish: Callable[[object], None] | None = None,
+    ) -> dict[str, dict]:
+        """Evaluate policy version `scope.version` (the rollout workers serve it) with T = `t` and
+        return its figures per dataset; `tick` is the driver's (control requests, events — which
+        feed `receive` —, the lease); `on_publish(tx)` adds writes to the MULTI that publishes."""
         rows = self.prompts(cfg)
-        published, _ = self.store.validation_progress(version)
-        t = cfg.context_length or context_length
+        published, _ = self.store.evaluation_progress(scope.key)
         if not published:
             groups = []
             for i, (d, name, rec) in enumerate(rows):
-                sampling = pb.SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=t, seed=group_seed(spec.seed, -2 - d, i))
-                groups.append(prompt_group(self.run_id, rec, f"val:{version}:{name}:{i:05d}", version, stage_index, pb.GROUP_KIND_VALIDATE, sampling))
+                sampling = pb.SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=t, seed=group_seed(seed, -2 - d, i))
+                groups.append(prompt_group(self.run_id, rec, f"{scope.prefix}:{name}:{i:05d}", scope.version, stage_index, pb.GROUP_KIND_VALIDATE, sampling))
             with self.store.transaction() as tx:
-                self.steps.publish_groups(tx, validation_scope(version), groups)
-                self.store.validation_published(tx, version, len(groups))
-            log.info("run %s: validating policy version %d on %s: %d prompts x %d samples, T=%d", self.run_id, version, ",".join(cfg.datasets), len(rows), cfg.samples, t)
+                self.steps.publish_groups(tx, scope.key, groups)
+                self.store.evaluation_published(tx, scope.key, len(groups))
+                if on_publish is not None:
+                    on_publish(tx)
+            log.info("run %s: %s: policy version %d on %s: %d prompts x %d samples, T=%d", self.run_id, scope.key, scope.version, ",".join(cfg.datasets), len(rows), cfg.samples, t)
         started = time.monotonic()
         while True:
-            published, received = self.store.validation_progress(version)
+            published, received = self.store.evaluation_progress(scope.key)
             if len(received) >= published:
                 break
             if time.monotonic() - started > self.settings.step_timeout_seconds:
-                raise RunFailed(f"validation of version {version}: {len(received)}/{published} prompt groups scored after {self.settings.step_timeout_seconds:.0f}s")
+                raise EvaluationTimeout(f"{scope.key} (policy version {scope.version}): {len(received)}/{published} prompt groups scored after {self.settings.step_timeout_seconds:.0f}s")
             tick()
         outcomes: dict[str, list[PromptOutcome]] = {name: [] for name in cfg.datasets}
         for raw in received.values():
@@ -128,32 +167,71 @@ class Validation:
             outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"])))
         figures = figures_by_dataset(outcomes, cfg.k)
         for f in figures.values():
-            f["seconds"] = time.monotonic() - started  # wall time of this version's validation, all datasets together
-        self.store.finish_validation(version, figures)
-        export(figures, version)
+            f["seconds"] = time.monotonic() - started  # wall time of this evaluation, all datasets together
         log.info(
-            "run %s: policy version %d: %s", self.run_id, version,
+            "run %s: %s: policy version %d: %s", self.run_id, scope.key, scope.version,
             "; ".join(f"{n} avg@{f['samples']} {f['avg_at_n']:.3f} pass@{f['k']} {f['pass_at_k']:.3f}" for n, f in figures.items()),
         )
         return figures
 
+    def run(self, spec: RunSpec, version: int, stage_index: int, context_length: int, tick: Callable[[], None]) -> dict[str, dict]:
+        """Validate policy version `version` with the run's validation block (T: its own or the
+        stage's `context_length`); store, export and return the figures. A validation already
+        finished is returned as stored."""
+        cfg = spec.validation
+        assert cfg is not None
+        if (done := self.store.validation(version)) is not None:
+            return done
+        figures = self.evaluate(Scope.validation(version), cfg, spec.seed, stage_index, cfg.context_length or context_length, tick)
+        self.store.finish_validation(version, figures)
+        export(figures, version)
+        return figures
+
+    def run_eval(self, spec: RunSpec, record: dict, version: int, stage_index: int, context_length: int | None, tick: Callable[[], None]) -> dict:
+        """Serve requested evaluation `record` (pending: on policy version `version`, T its own or
+        `context_length`; running: on the version and T it started with) and store its end: the
+        figures, or why it failed (a dataset gone, groups not scored in time). The run goes on
+        either way; a failure of the run itself (a worker error, a stop) propagates."""
+        eval_id = record["id"]
+        cfg = EvalConfig.model_validate(record["config"])
+        if record["status"] == "running":
+            version, t = int(record["policy_version"]), int(record["context_length"])
+        else:
+            t = cfg.context_length or context_length
+        try:
+            if t is None:
+                raise DatasetError("no T: the run has no stage yet and the eval gives no context_length")
+            figures = self.evaluate(Scope.eval(eval_id, version), cfg, spec.seed, stage_index, t, tick, on_publish=lambda tx: self.store.start_eval(tx, record, version, t))
+        except (DatasetError, EvaluationTimeout) as exc:
+            log.warning("run %s: eval %s failed: %s", self.run_id, eval_id, exc)
+            self.store.end_eval(eval_id, error=str(exc))
+            return self.store.eval(eval_id) or {}
+        self.store.end_eval(eval_id, figures)
+        return self.store.eval(eval_id) or {}
+
     def receive(self, batch: list[tuple[Entry, pb.ScoredGroup]]) -> None:
-        """Store the outcomes of scored validation groups (from the `estimates` stream), then
-        acknowledge them; a group the controller did not publish is dead-lettered."""
-        by_version: dict[int, dict[str, str]] = {}
+        """Store the outcomes of scored held-out groups (from the `estimates` stream), then
+        acknowledge them; a group the controller did not publish is dead-lettered, a group of a
+        finished evaluation (a replay) only acknowledged."""
+        by_scope: dict[str, dict[str, str]] = {}
         for entry, group in batch:
             prompt = group.rollout.prompt
             if (problem := self.steps.check_group(prompt)) is not None or len(group.scores) != prompt.sampling.n:
-                self.estimates.dead_letter(entry, problem or f"validation group {prompt.group_id}: {len(group.scores)} scores for {prompt.sampling.n} samples")
+                self.estimates.dead_letter(entry, problem or f"held-out group {prompt.group_id}: {len(group.scores)} scores for {prompt.sampling.n} samples")
                 continue
-            version = int(prompt.policy_version)
-            if self.store.validation(version) is not None:
-                continue  # a replay of a finished validation
+            kind, ident, dataset = prompt.group_id.split(":")[:3]
+            if kind == "eval":
+                scope = eval_scope(ident)
+                finished = (self.store.eval(ident) or {}).get("status") not in EVAL_OPEN
+            else:
+                scope = validation_scope(int(prompt.policy_version))
+                finished = self.store.validation(int(prompt.policy_version)) is not None
+            if finished:
+                continue  # a replay of a finished evaluation
             o = outcome_of(group)
-            dataset = prompt.group_id.split(":")[2]
-            by_version.setdefault(version, {})[prompt.group_id] = json.dumps(
+            by_scope.setdefault(scope, {})[prompt.group_id] = json.dumps(
                 {"dataset": dataset, "uid": prompt.prompt_uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated}
             )
-        for version, outcomes in by_version.items():
-            self.store.record_validation_outcomes(version, outcomes)
+        for scope, outcomes in by_scope.items():
+            self.store.record_evaluation_outcomes(scope, outcomes)
         self.estimates.ack(*(entry.id for entry, _ in batch))

@@ -96,7 +96,7 @@ class RunKeys:
 
     def groups(self, scope: int | str) -> str:
         """Hash: group id -> SHA-256 of the PromptGroup the controller published, per step k
-        (or "estimation", or "validation:<version>"): consumers accept only these groups (`magic.store.steps`)."""
+        (or "estimation", "validation:<version>", "eval:<id>"): consumers accept only these groups (`magic.store.steps`)."""
         return f"{self._p}:groups:{scope}"
 
     def lease(self, role: str) -> str:
@@ -140,16 +140,28 @@ class RunKeys:
         """Hash: prompt uid -> "correct/N" from the last difficulty estimation."""
         return f"{self._p}:pass_rates"
 
-    def validation(self, version: int) -> str:
-        """Hash: the validation of policy version `version` in progress: `published` (groups
-        published) and, per group id received, the outcome of its samples as JSON."""
-        return f"{self._p}:validation:{version}"
+    def evaluation(self, scope: str) -> str:
+        """Hash: the held-out evaluation in progress under `scope` ("validation:<version>" or
+        "eval:<id>", `magic.store.steps`): `published` (groups published) and, per group id
+        received, the outcome of its samples as JSON."""
+        return f"{self._p}:evaluation:{scope}"
 
     @property
     def validations(self) -> str:
         """Hash: policy version -> JSON {dataset: figures} of each finished validation
         (`magic.evaluation.Figures`)."""
         return f"{self._p}:validations"
+
+    @property
+    def evals(self) -> str:
+        """Hash: eval id -> JSON record of each requested evaluation (POST /v1/runs/{run}/evals):
+        config, status pending|running|done|failed, policy version, figures."""
+        return f"{self._p}:evals"
+
+    @property
+    def eval_seq(self) -> str:
+        """Counter: the last eval id given out."""
+        return f"{self._p}:eval_seq"
 
     @property
     def estimation(self) -> str:

@@ -28,6 +28,7 @@ from magic.store.heartbeat import alive_workers
 from magic.runtime.files import write_durably
 from magic.store.lease import CONTROLLER, ENDED, Direct, Lease, Writer
 from magic.store.retention import Retention
+from magic.store.steps import eval_scope, validation_scope
 
 
 class RunExists(Exception):
@@ -363,30 +364,30 @@ class RunStore:
             tx.hset(rk.estimation, mapping={"status": "done", **summary})
             tx.hset(rk.state, "phase", Phase.publish.value)
 
-    # -- held-out validation (`magic.controller.validation`) ------------------------------------
+    # -- held-out evaluations: step validations and requested evals (`magic.controller.validation`) --
 
-    def validation_published(self, pipe: redis.client.Pipeline, version: int, groups: int) -> None:
-        """Queue on `pipe` the count of validation groups published for `version` (with the groups)."""
-        pipe.hset(self.keys.validation(version), "published", groups)
+    def evaluation_published(self, pipe: redis.client.Pipeline, scope: str, groups: int) -> None:
+        """Queue on `pipe` the count of groups published for the evaluation `scope` (with the groups)."""
+        pipe.hset(self.keys.evaluation(scope), "published", groups)
 
-    def validation_progress(self, version: int) -> tuple[int, dict[str, str]]:
-        """(groups published, group id -> outcome JSON of each group received) of `version`'s validation."""
-        raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.validation(version)).items()}
+    def evaluation_progress(self, scope: str) -> tuple[int, dict[str, str]]:
+        """(groups published, group id -> outcome JSON of each group received) of the evaluation `scope`."""
+        raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.evaluation(scope)).items()}
         published = int(raw.pop("published", 0))
         return published, raw
 
-    def record_validation_outcomes(self, version: int, outcomes: dict[str, str]) -> None:
-        """Store group id -> outcome JSON of received validation groups (idempotent: a replay
-        writes the same value)."""
+    def record_evaluation_outcomes(self, scope: str, outcomes: dict[str, str]) -> None:
+        """Store group id -> outcome JSON of received groups of the evaluation `scope` (idempotent:
+        a replay writes the same value)."""
         if outcomes:
             with self.writer.transaction() as tx:
-                tx.hset(self.keys.validation(version), mapping=outcomes)
+                tx.hset(self.keys.evaluation(scope), mapping=outcomes)
 
     def finish_validation(self, version: int, figures: dict[str, dict]) -> None:
         """Store `version`'s figures per dataset and drop its per-group outcomes, in one transaction."""
         with self.writer.transaction() as tx:
             tx.hset(self.keys.validations, str(version), json.dumps(figures, sort_keys=True))
-            tx.delete(self.keys.validation(version))
+            tx.delete(self.keys.evaluation(validation_scope(version)))
 
     def validations(self) -> dict[int, dict[str, dict]]:
         """Policy version -> {dataset: figures} of every finished validation, by version."""
@@ -396,6 +397,36 @@ class RunStore:
     def validation(self, version: int) -> dict[str, dict] | None:
         raw = self.r.hget(self.keys.validations, str(version))
         return json.loads(raw) if raw else None
+
+    def create_eval(self, config: dict) -> dict:
+        """Queue an evaluation of the run's current policy (the API's write: no lease); its record."""
+        eval_id = str(self.r.incr(self.keys.eval_seq))
+        record = {"id": eval_id, "status": "pending", "config": config, "created_at": time.time()}
+        self.r.hset(self.keys.evals, eval_id, json.dumps(record))
+        return record
+
+    def evals(self) -> list[dict]:
+        """Every requested evaluation's record, by id."""
+        return sorted((json.loads(v) for v in self.r.hvals(self.keys.evals)), key=lambda e: int(e["id"]))
+
+    def eval(self, eval_id: str) -> dict | None:
+        raw = self.r.hget(self.keys.evals, eval_id)
+        return json.loads(raw) if raw else None
+
+    def start_eval(self, pipe: redis.client.Pipeline, record: dict, version: int, context_length: int) -> None:
+        """Queue on `pipe` that evaluation `record` runs on policy version `version` with T =
+        `context_length` (in the MULTI that publishes its groups)."""
+        record = {**record, "status": "running", "policy_version": version, "context_length": context_length, "started_at": time.time()}
+        pipe.hset(self.keys.evals, record["id"], json.dumps(record))
+
+    def end_eval(self, eval_id: str, figures: dict[str, dict] | None = None, error: str | None = None) -> None:
+        """Evaluation `eval_id` is done (`figures`) or failed (`error`); its per-group outcomes are dropped."""
+        record = self.eval(eval_id) or {"id": eval_id}
+        record.update(status="failed" if error else "done", finished_at=time.time())
+        record.update({"error": error[:4000]} if error else {"figures": figures})
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.evals, eval_id, json.dumps(record, sort_keys=True))
+            tx.delete(self.keys.evaluation(eval_scope(eval_id)))
 
     # -- metrics -----------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ fact                       channel (key in `magic.protocol.keys.RunKeys`)  writt
 step k is published        `step(k)` hash: `expected`, `stage`,          controller, in the MULTI
 (what the learner needs)   `stage_config`, `published_at`;               that XADDs the prompts and
                            `groups(k)` hash: group id -> digest          moves the barrier
-a group is genuine         `groups(k)` (`groups("estimation")`, `groups("validation:<v>")`):      controller (same MULTI)
+a group is genuine         `groups(k)` (`groups("estimation")`, `groups("validation:<v>")`,  controller (same MULTI)
+                           `groups("eval:<id>")`):
                            the SHA-256 of the PromptGroup it published
 step k is trained          `learner_state.last_step = k` +               learner, one MULTI (below)
                            StepCompleted(k) on `events` + acks of the
@@ -64,10 +65,19 @@ def validation_scope(version: int) -> str:
     return f"validation:{version}"
 
 
+def eval_scope(eval_id: str) -> str:
+    """The scope of the groups of requested evaluation `eval_id` (POST /v1/runs/{run}/evals)."""
+    return f"eval:{eval_id}"
+
+
 def group_scope(group: pb.PromptGroup) -> str | int:
+    """Where the digest of `group` is filed. Held-out groups (GROUP_KIND_VALIDATE) are a step's
+    validation (ids `val:<version>:...`) or a requested evaluation (ids `eval:<id>:...`)."""
     if group.kind == pb.GROUP_KIND_ESTIMATE:
         return ESTIMATION
     if group.kind == pb.GROUP_KIND_VALIDATE:
+        if group.group_id.startswith("eval:"):
+            return eval_scope(group.group_id.split(":")[1])
         return validation_scope(group.policy_version)
     return int(group.step)
 

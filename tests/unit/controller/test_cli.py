@@ -151,3 +151,84 @@ def test_eval_refuses_an_unknown_model_and_an_incomplete_checkpoint(tmp_path, ca
     (step / "config.json").write_text("{}")
     assert main(["eval", "--local", str(step), "-d", data]) == Exit.usage
     assert "an incomplete checkpoint (no COMPLETE marker" in capsys.readouterr().err
+
+
+# -- magic eval --run: through the controller ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "-d", "aime"], "give --run RUN to evaluate a run's current policy through the services, or --local MODEL_OR_CHECKPOINT"),
+        (["eval", "-d", "aime"], "a checkpoint is evaluated with --local, or through the services by a run with no stages"),
+        (["eval", "--run", "r", "--local", "m", "-d", "aime"], "not both"),
+        (["eval", "--local", "-d", "a.jsonl"], "--local needs a model directory or a learner checkpoint"),
+        (["eval", "--local", "m", "-d", "a.jsonl", "-d", "b.jsonl"], "give exactly one -d"),
+        (["eval", "--run", "r", "ckpt", "-d", "aime"], "'ckpt' is a target for --local only"),
+        (["eval", "--run", "r", "-d", "aime", "--seed", "3"], "--seed is for --local"),
+        (["eval", "--run", "r"], "--run needs at least one registered dataset"),
+        (["eval", "--run", "r", "--id", "3", "-d", "aime"], "--id follows eval 3 as it was posted"),
+        (["eval", "--run", "r", "-d", "aime", "--out", "x.json"], "--out writes the figures once the eval is done: add --wait"),
+        (["eval", "--run", "r", "-d", "aime", "-k", "0"], "--samples must be at least 1"),
+        (["eval", "--run", "r", "-d", "aime", "-k", "2", "--pass-k", "4"], "--pass-k must be between 1 and --samples = 2"),
+        (["eval", "--run", "r", "-d", "aime", "--wait", "--interval", "0"], "--interval must be positive"),
+    ],
+)
+def test_eval_run_refuses_bad_flags_before_calling_the_controller(monkeypatch, capsys, argv, message):
+    import magic.cli
+
+    monkeypatch.setattr(magic.cli, "ControllerClient", lambda *a, **k: pytest.fail("the controller was called"))
+    assert main(argv) == Exit.usage
+    assert message in capsys.readouterr().err
+
+
+class FakeEvals:
+    """The controller's eval endpoints: an eval that is pending, then running, then `end`."""
+
+    def __init__(self, end: dict):
+        self.posted: list[tuple[str, dict]] = []
+        self.polls = 0
+        self.end = end
+
+    def __call__(self, url, token):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def create_eval(self, run, body):
+        self.posted.append((run, body))
+        return {"id": "4", "status": "pending"}
+
+    def eval(self, run, eval_id):
+        assert (run, eval_id) == ("r", "4")
+        self.polls += 1
+        return {"id": "4", "status": "running", "policy_version": 7} if self.polls < 2 else {"id": "4", **self.end}
+
+
+FIGURES = {"aime": {"prompts": 30, "samples": 8, "k": 4, "avg_at_n": 0.25, "pass_at_k": 0.5, "pass_at_k_ci_low": 0.3, "pass_at_k_ci_high": 0.7, "response_length_mean": 812.0, "truncated_ratio": 0.125}}
+
+
+def test_eval_run_posts_the_request_polls_prints_and_writes(monkeypatch, capsys, tmp_path):
+    import json
+
+    import magic.cli
+
+    fake = FakeEvals({"status": "done", "policy_version": 7, "context_length": 64, "figures": FIGURES})
+    monkeypatch.setattr(magic.cli, "ControllerClient", fake)
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--run", "r", "-d", "aime", "-d", "math", "-k", "8", "--pass-k", "4", "--T", "64", "--wait", "--interval", "0.01", "--out", str(out)]
+    assert main(argv) == Exit.ok
+    assert fake.posted == [("r", {"datasets": ["aime", "math"], "samples": 8, "temperature": 1.0, "top_p": 1.0, "pass_k": 4, "context_length": 64})]
+    text = capsys.readouterr().out
+    assert "run r, policy version 7, T=64 (eval 4):" in text and "avg@8 0.250" in text and "pass@4 0.500" in text
+    assert json.loads(out.read_text()) == {"mode": "run", "run": "r", "id": "4", "status": "done", "policy_version": 7, "context_length": 64, "figures": FIGURES}
+    # without --wait: the id and how to follow it; a failed eval exits 1 with its reason
+    assert main(["eval", "--run", "r", "-d", "aime"]) == Exit.ok
+    assert "eval 4 of run r: pending (follow it: magic eval --run r --id 4 --wait)" in capsys.readouterr().out
+    monkeypatch.setattr(magic.cli, "ControllerClient", FakeEvals({"status": "failed", "error": "run 'r' ended (stopped) before the eval was served"}))
+    assert main(["eval", "--run", "r", "--id", "4", "--wait", "--interval", "0.01"]) == Exit.failed
+    assert "ended (stopped) before the eval was served" in capsys.readouterr().err

@@ -7,9 +7,11 @@ import json
 import re
 from pathlib import Path
 
-from magic.config.schema import StageConfig
-from magic.controller.api.deps import invalid
-from magic.controller.datasets import PromptRecord
+from fastapi import HTTPException, status
+
+from magic.config.schema import EvalConfig, StageConfig
+from magic.controller.api.deps import Controller, invalid
+from magic.controller.datasets import DatasetError, PromptRecord, without_ground_truth
 from magic.prompts import load_tokenizer, render_prompt
 
 LONGEST_CHECKED = 16
@@ -60,3 +62,23 @@ def dataset_name_for(path: str) -> str:
     """The registered name of a dataset given by path: its file stem, lowercased and cleaned."""
     stem = re.sub(r"[^a-z0-9_.-]+", "-", Path(path).stem.lower()).strip("-._") or "dataset"
     return stem[:63]
+
+
+def check_held_out(c: Controller, model: str, cfg: EvalConfig, loc: list[str | int], stage_t: int, window: int | None) -> None:
+    """422 naming the field when a held-out dataset (a run's validation block, an eval request)
+    is not registered, has a record without a ground truth, or has a prompt that does not fit the
+    model with T (the block's own, else `stage_t`: the longest T of the run's stages)."""
+    t = cfg.context_length or stage_t
+    for i, name in enumerate(cfg.datasets):
+        where = [*loc, "datasets", i]
+        if c.datasets.get(name) is None:
+            raise invalid(where, f"no dataset registered as {name!r} (POST /v1/datasets first)", name)
+        try:
+            records = c.datasets.load(name)
+        except DatasetError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, f"{'.'.join(map(str, where))}: {exc}") from None
+        if (blank := without_ground_truth(records)) is not None:
+            raise invalid(where, f"dataset {name!r} cannot be evaluated: record {blank} has no ground truth (reward_model.ground_truth is empty)", name)
+        _, prompt_tokens = model_limits(model, records[: cfg.max_prompts] if cfg.max_prompts else records)
+        if window is not None and prompt_tokens + t > window:
+            raise invalid([*loc, "context_length"], f"T = {t} plus the longest prompt of {name!r} ({prompt_tokens} tokens) exceeds the model's context window {window}", t)

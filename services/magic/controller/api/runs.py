@@ -15,10 +15,10 @@ from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel
 
 from magic.config.schema import DatasetSpec, RunSpec
-from magic.controller.api.checks import check_stage, dataset_name_for, model_limits
+from magic.controller.api.checks import check_held_out, check_stage, dataset_name_for, model_limits
 from magic.controller.api.deps import Authorized, Controller, ControllerDep, invalid, spec_or_404
 from magic.controller.api.views import RunView, run_view
-from magic.controller.datasets import DatasetError, without_ground_truth
+from magic.controller.datasets import DatasetError
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.store.runs import RunBusy, RunExists
 
@@ -61,25 +61,9 @@ def _resolve_datasets(c: Controller, spec: RunSpec) -> tuple[RunSpec, list]:
 
 
 def _check_validation(c: Controller, spec: RunSpec, window: int | None) -> None:
-    """422 naming the field when a validation dataset is not registered, has a record without a
-    ground truth, or has a prompt that does not fit the model with the validation T."""
-    cfg = spec.validation
-    if cfg is None:
-        return
-    for i, name in enumerate(cfg.datasets):
-        loc = ["validation", "datasets", i]
-        if c.datasets.get(name) is None:
-            raise invalid(loc, f"no dataset registered as {name!r} (POST /v1/datasets first)", name)
-        try:
-            records = c.datasets.load(name)
-        except DatasetError as exc:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, f"validation.datasets[{i}]: {exc}") from None
-        if (blank := without_ground_truth(records)) is not None:
-            raise invalid(loc, f"dataset {name!r} cannot validate: record {blank} has no ground truth (reward_model.ground_truth is empty)", name)
-        _, prompt_tokens = model_limits(spec.model, records[: cfg.max_prompts] if cfg.max_prompts else records)
-        longest_t = cfg.context_length or max((s.context_length for s in spec.stages), default=0)
-        if window is not None and prompt_tokens + longest_t > window:
-            raise invalid(["validation", "context_length"], f"T = {longest_t} plus the longest prompt of {name!r} ({prompt_tokens} tokens) exceeds the model's context window {window}", longest_t)
+    """422 naming the field when the validation block cannot be evaluated (`check_held_out`)."""
+    if spec.validation is not None:
+        check_held_out(c, spec.model, spec.validation, ["validation"], max((s.context_length for s in spec.stages), default=0), window)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunView, dependencies=Authorized, responses={400: {"description": "a dataset file is missing or malformed"}, **CONFLICTS})
