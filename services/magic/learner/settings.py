@@ -48,6 +48,10 @@ class LearnerSettings(ServiceSettings):
     so every step would write more than the whole step's rollouts (docs/scale.md)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk; older ones are deleted."""
+    liveness_stall_seconds: float = Field(default=3600.0, gt=0)
+    """/livez fails once the learner's loop has not come round for this long. One turn of it is a
+    whole training step plus the weight publication, minutes at 7B (docs/scale.md), so the default
+    is an hour; lower it to your step time × 2 to catch a hung broadcast sooner."""
     dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
     rank: int = Field(default=0, ge=0, validation_alias="RANK")
