@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import CHART, NAMESPACE, RELEASE, VALUE_SETS, value_set
-from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, render
+from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, render, secret_file
 
 pytestmark = pytest.mark.deploy
 
@@ -166,8 +166,9 @@ def test_helm_test_hook_checks_controller_redis_and_token(chart):
     assert c["command"] == ["python3", "/scripts/smoke_test.py"]
     e = env(c)
     assert e["MAGIC_API"] == f"http://{RELEASE}-magic-controller:8080"
-    assert e["MAGIC_API_TOKEN"] == {"secretKeyRef": {"name": f"{RELEASE}-magic-auth", "key": "api-token"}}
-    assert e["MAGIC_REDIS_URL"] == f"redis://:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"
+    assert secret_file(pod["spec"], c, "MAGIC_API_TOKEN") == {"name": f"{RELEASE}-magic-auth", "key": "api-token"}
+    assert e["MAGIC_REDIS_URL"] == f"redis://{RELEASE}-magic-redis:6379/0"  # the default user: its password is a file
+    assert secret_file(pod["spec"], c, "MAGIC_REDIS_PASSWORD") == {"name": f"{RELEASE}-magic-redis", "key": "redis-password"}
     assert one(docs, "ConfigMap", f"{RELEASE}-magic-test")["data"]["smoke_test.py"] == (CHART / "files" / "smoke_test.py").read_text().rstrip("\n")
     # the NetworkPolicies let the test pod in, though the API is restricted
     test_labels = pod["metadata"]["labels"]
