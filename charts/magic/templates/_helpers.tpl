@@ -68,6 +68,12 @@ repository:tag@digest, which the runtime pulls by digest) */}}
 {{- $ref }}
 {{- end }}
 
+{{/* imagePullPolicy of an image's values: (dict "image" .Values.rollout.image); "" = IfNotPresent
+when pulled by digest (immutable), Always when by tag alone (a tag can be moved) */}}
+{{- define "magic.pullPolicy" -}}
+{{- .image.pullPolicy | default (ternary "IfNotPresent" "Always" (ne "" (.image.digest | default ""))) }}
+{{- end }}
+
 {{/* Pod-level fields every pod shares: (dict "root" $ "values" .Values.rollout); optionally
 "serviceAccountName" and "automountToken" (only the secrets hook Job talks to the API server) */}}
 {{- define "magic.podCommon" -}}
