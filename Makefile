@@ -42,7 +42,7 @@ run: $(RUN_STAMP)
 # PYTEST_JOBS=0 runs it in this process.
 PYTEST_JOBS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) test-debs
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) $(CHECKOV_STAMP) test-debs
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadscope) $(PYTEST_ARGS)
 
 test-debs:
@@ -52,6 +52,18 @@ test-debs:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+
+# checkov (tests/deploy/test_checkov.py scans the rendered chart with it) in its own venv: its
+# dependencies (boto3, ...) stay out of .venv. docs/security.md lists every check it still fails.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_SPEC ?= checkov==3.3.30
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+$(CHECKOV_STAMP):
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	@echo "installing $(CHECKOV_SPEC) into $(CHECKOV_VENV) ..."
+	@: > $(CHECKOV_VENV)/install.log
+	@$(call logged,$(CHECKOV_VENV)/bin/python -m pip install $(INSTALL_FLAGS) "$(CHECKOV_SPEC)",$(CHECKOV_VENV)/install.log)
+	@touch $(CHECKOV_STAMP)
 
 # The GPU images' stack (docker/constraints-vllm.txt: the torch, transformers and fastapi of the
 # vLLM image, which differ from CI's) in its own venv, on demand: the shared, rollout and learner
@@ -107,4 +119,4 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .magic
+	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) .magic

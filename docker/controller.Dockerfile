@@ -1,9 +1,11 @@
 # syntax=docker/dockerfile:1.7
 # The controller: FastAPI REST API and the on-policy step barrier. CPU only.
 #   docker build -f docker/controller.Dockerfile -t magic-controller:0.1.0 .     (from the repository root)
-# Runs as user 10001 with a read-only root filesystem (the chart mounts /tmp and /home/magic).
+# Built and pushed by .github/workflows/images.yml. Runs as user 10001 with a read-only root
+# filesystem (the chart mounts /tmp and /home/magic).
 
-ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# the official image's multi-platform index, by digest (the tag can be rebuilt)
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

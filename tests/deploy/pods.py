@@ -81,7 +81,9 @@ def container_process(
     """(argv, env) of `container` of the rendered pod template `pod` as pod `pod_name` here."""
     spec = pod["spec"]
     c = next(x for x in spec["containers"] if x["name"] == container)
-    mounts = {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", []) if m["name"] in volumes}
+    unmapped = [m["name"] for m in c.get("volumeMounts", []) if m["name"] not in volumes]
+    assert not unmapped, f"volumes {unmapped} of {container} have no directory here"
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", [])}
 
     def on_this_machine(value: str) -> str:
         for path, directory in sorted(mounts.items(), key=lambda kv: -len(kv[0])):  # the deepest mount holding it

@@ -49,6 +49,24 @@ def env(c) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
+SECRETS_DIR = "/var/run/secrets/magic"
+
+
+def secret_file(spec, c, var: str) -> dict:
+    """The Secret key behind `var`_FILE of container `c`: {"name", "key"} of the projected `secrets`
+    volume's source that holds the file it names (the chart passes secrets as files)."""
+    path = env(c)[f"{var}_FILE"]
+    assert var not in env(c), f"{var} is both a variable and a file"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "secrets")
+    assert mount["mountPath"] == SECRETS_DIR and mount["readOnly"] and path.startswith(SECRETS_DIR + "/")
+    volume = next(v for v in spec["volumes"] if v["name"] == "secrets")
+    for source in volume["projected"]["sources"]:
+        for item in source["secret"]["items"]:
+            if item["path"] == path.removeprefix(SECRETS_DIR + "/"):
+                return {"name": source["secret"]["name"], "key": item["key"]}
+    raise AssertionError(f"{var}_FILE={path}: no such file in the secrets volume")
+
+
 def gpus(c) -> int:
     res = c.get("resources", {})
     lim, req = res.get("limits", {}).get("nvidia.com/gpu", 0), res.get("requests", {}).get("nvidia.com/gpu", 0)
@@ -144,20 +162,22 @@ def test_services_have_probes_and_settings(rendered, name):
             assert component == "learner" and c["args"][-2:] == ["--module", "magic.learner"]
         else:
             assert c["args"] == ["serve", component]
-        port = "http" if component == "controller" else "metrics"
+        port = "metrics"  # every pod's /metrics and probes on a port apart (the controller's API on `http`)
         assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port}
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
         assert port in {p["name"] for p in c["ports"]}
         e = env(c)
         assert e["MAGIC_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-        assert "MAGIC_REDIS_URL" in e
+        assert "MAGIC_REDIS_URL" in e or "MAGIC_REDIS_URL_FILE" in e
+        assert not any("secretKeyRef" in str(v) for v in e.values()) or component == "learner", f"{component}: a Secret in the environment"
         if component != "controller":
             assert e["MAGIC_METRICS_PORT"] == "9400"
         has_data = any(v.get("persistentVolumeClaim") for v in spec["volumes"])
         assert has_data == (component != "reward"), f"{component}: only the reward pods go without the shared volume"
-    controller = container(pod_spec(docs, "Deployment", "controller"), "controller")
+    spec = pod_spec(docs, "Deployment", "controller")
+    controller = container(spec, "controller")
     assert env(controller)["MAGIC_HOST"] == "0.0.0.0"
-    assert "secretKeyRef" in env(controller)["MAGIC_API_TOKEN"]
+    assert secret_file(spec, controller, "MAGIC_API_TOKEN")["name"].endswith(("-magic-auth", "magic-api"))
     assert env(controller)["MAGIC_READ_REQUIRES_TOKEN"] == "true"  # GETs show model and dataset paths
 
 
@@ -237,8 +257,11 @@ def test_default_values_run_vllm_on_one_gpu_per_pod_with_bundled_redis(rendered)
     # refuse writes well before the container's memory limit (the fork of an AOF rewrite needs room)
     assert "maxmemory 3gb" in conf.splitlines()
     assert container(pod_spec(docs, "StatefulSet", "redis"), "redis")["resources"]["limits"]["memory"] == "4Gi"
-    url = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_REDIS_URL"]
-    assert url == f"redis://magic-controller:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"  # its own ACL user
+    spec = pod_spec(docs, "Deployment", "controller")
+    url = env(container(spec, "controller"))["MAGIC_REDIS_URL"]
+    assert url == f"redis://magic-controller@{RELEASE}-magic-redis:6379/0"  # its own ACL user; the password is a file
+    password = secret_file(spec, container(spec, "controller"), "MAGIC_REDIS_PASSWORD")
+    assert password == {"name": f"{RELEASE}-magic-redis-controller", "key": "redis-password"}
     # neither the password nor the token is given: the hook Job generates both in the cluster
     job = one(docs, "Job", f"{RELEASE}-magic-secrets")
     wanted = json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"])
@@ -315,15 +338,19 @@ def test_external_redis_values_use_the_given_secrets_and_claim(rendered):
     assert not objects(docs, "PersistentVolumeClaim")
     for kind, component in WORKLOADS:
         spec = pod_spec(docs, kind, component)
-        e = env(container(spec, component))
-        assert e["MAGIC_REDIS_URL"] == {"secretKeyRef": {"name": "magic-redis-url", "key": "url"}}
-        assert "MAGIC_REDIS_PASSWORD" not in e
+        c = container(spec, component)
+        e = env(c)
+        if component == "learner":  # its template does not mount the Secrets as files yet
+            assert e["MAGIC_REDIS_URL_FILE"] == "/var/run/secrets/magic/redis-url" and "MAGIC_REDIS_URL" not in e
+        else:
+            assert secret_file(spec, c, "MAGIC_REDIS_URL") == {"name": "magic-redis-url", "key": "url"}
+        assert "MAGIC_REDIS_PASSWORD" not in e and "MAGIC_REDIS_PASSWORD_FILE" not in e
         claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
         assert claims == ([] if component == "reward" else ["shared-rl-data"])
-    token = env(container(pod_spec(docs, "Deployment", "controller"), "controller"))["MAGIC_API_TOKEN"]
-    assert token == {"secretKeyRef": {"name": "magic-api", "key": "token"}}
+    spec = pod_spec(docs, "Deployment", "controller")
+    assert secret_file(spec, container(spec, "controller"), "MAGIC_API_TOKEN") == {"name": "magic-api", "key": "token"}
     api = one(docs, "NetworkPolicy", f"{RELEASE}-magic-controller")["spec"]["ingress"]
-    assert api[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
+    assert api[0]["from"][1:] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-users"}}}]
 
 
 def test_an_external_redis_behind_sentinel(chart):
@@ -389,8 +416,8 @@ def test_the_reward_sandbox_has_one_level_or_none(chart):
 def test_reward_sandbox_fails_closed_where_pod_security_forbids_it_and_scoring_needs_the_token(chart):
     import helm_python as helm
 
-    c = container(pod_spec(render(chart, None), "Deployment", "reward"), "reward")
-    assert env(c)["MAGIC_API_TOKEN"]["secretKeyRef"]["name"] == f"{RELEASE}-magic-auth"
+    spec = pod_spec(render(chart, None), "Deployment", "reward")
+    assert secret_file(spec, container(spec, "reward"), "MAGIC_API_TOKEN") == {"name": f"{RELEASE}-magic-auth", "key": "api-token"}
     for level in ("baseline", "restricted"):  # never a weaker sandbox: a message instead
         with pytest.raises(helm.HelmError) as exc:
             chart.render(values={"reward": {"sandbox": {"enabled": True, "podSecurity": level}}}, name=RELEASE, namespace=NAMESPACE)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import CHART, NAMESPACE, RELEASE, VALUE_SETS, value_set
-from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, render
+from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, render, secret_file
 
 pytestmark = pytest.mark.deploy
 
@@ -101,6 +101,12 @@ def test_generated_secret_is_owned_by_the_release_and_url_safe():
     assert manifest["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     assert manifest["metadata"]["annotations"]["meta.helm.sh/release-name"] == "rl"
     assert manifest["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == "ml"
+    # kept by GitOps tools, though it carries the release's tracking label and is in no rendered manifest
+    annotations = manifest["metadata"]["annotations"]
+    assert annotations["argocd.argoproj.io/compare-options"] == "IgnoreExtraneous"
+    assert annotations["argocd.argoproj.io/sync-options"] == "Prune=false"
+    assert annotations["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
+    assert annotations["helm.sh/resource-policy"] == "keep"
 
 
 # -- upgrades -----------------------------------------------------------------------------------
@@ -147,11 +153,16 @@ def test_a_rollout_update_needs_no_spare_gpu(chart):
 def test_disruption_budgets_and_grace_periods(chart):
     docs = render(chart, {})
     budgets = {p["metadata"]["name"]: p["spec"] for p in objects(docs, "PodDisruptionBudget")}
-    assert set(budgets) == {f"{RELEASE}-magic-rollout", f"{RELEASE}-magic-reward"}
-    for component in ("rollout", "reward"):
-        spec = budgets[f"{RELEASE}-magic-{component}"]
-        assert spec["maxUnavailable"] == 1
-        assert spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == component
+    # only the CPU reward pods have one: an evicted GPU pod waits for a free GPU, so a budget on the
+    # rollout pods would hold a node's drain until the drained node came back (docs/deploy.md)
+    assert set(budgets) == {f"{RELEASE}-magic-reward"}
+    spec = budgets[f"{RELEASE}-magic-reward"]
+    assert spec["maxUnavailable"] == 1 and spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == "reward"
+    # a pod that is not Ready (Redis down, say) never holds a drain
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    spare = render(chart, {"rollout": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "50%", "unhealthyPodEvictionPolicy": "IfHealthyBudget"}}})
+    rollout = one(spare, "PodDisruptionBudget", f"{RELEASE}-magic-rollout")["spec"]
+    assert rollout["maxUnavailable"] == "50%" and rollout["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
     grace = {c: t["spec"]["terminationGracePeriodSeconds"] for c, t in workloads(docs).items()}
     assert grace == {"controller": 30, "rollout": 60, "reward": 60, "learner": 120, "redis": 60}
     frozen = render(chart, {"learner": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}})
@@ -166,13 +177,13 @@ def test_helm_test_hook_checks_controller_redis_and_token(chart):
     assert c["command"] == ["python3", "/scripts/smoke_test.py"]
     e = env(c)
     assert e["MAGIC_API"] == f"http://{RELEASE}-magic-controller:8080"
-    assert e["MAGIC_API_TOKEN"] == {"secretKeyRef": {"name": f"{RELEASE}-magic-auth", "key": "api-token"}}
-    assert e["MAGIC_REDIS_URL"] == f"redis://:$(MAGIC_REDIS_PASSWORD)@{RELEASE}-magic-redis:6379/0"
+    assert secret_file(pod["spec"], c, "MAGIC_API_TOKEN") == {"name": f"{RELEASE}-magic-auth", "key": "api-token"}
+    assert e["MAGIC_REDIS_URL"] == f"redis://{RELEASE}-magic-redis:6379/0"  # the default user: its password is a file
+    assert secret_file(pod["spec"], c, "MAGIC_REDIS_PASSWORD") == {"name": f"{RELEASE}-magic-redis", "key": "redis-password"}
     assert one(docs, "ConfigMap", f"{RELEASE}-magic-test")["data"]["smoke_test.py"] == (CHART / "files" / "smoke_test.py").read_text().rstrip("\n")
-    # the NetworkPolicies let the test pod in, though the API is restricted
-    test_labels = pod["metadata"]["labels"]
-    api_rules = one(docs, "NetworkPolicy", f"{RELEASE}-magic-controller")["spec"]["ingress"]
-    assert any(all(test_labels.get(k) == v for k, v in p.get("podSelector", {}).get("matchLabels", {"x": "y"}).items()) for r in api_rules for p in r["from"])
+    # the NetworkPolicies let the test pod in (it runs in the release's namespace), though the API is restricted
+    assert pod["metadata"]["namespace"] == NAMESPACE
+    assert NAMESPACE in api_namespaces(one(docs, "NetworkPolicy", f"{RELEASE}-magic-controller"))
     redis_from = one(docs, "NetworkPolicy", f"{RELEASE}-magic-redis")["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert "test" in next(x for x in redis_from if x["key"] == "app.kubernetes.io/component")["values"]
 
@@ -187,21 +198,47 @@ POLICY_CASES = {**{n: value_set(n) for n in VALUE_SETS}, "api-only": API_ONLY, "
 @pytest.mark.parametrize("case", POLICY_CASES)
 def test_no_port_is_open_to_everyone_by_accident(chart, case):
     """An ingress rule without `from` admits every pod of the cluster. Only ports that serve nothing
-    but metrics may have one, and the controller's API when apiIngressFrom is empty (documented)."""
+    but metrics may have one; never the controller's API (named namespaces only)."""
     values = POLICY_CASES[case]
-    api_open = not values.get("networkPolicy", {}).get("apiIngressFrom")
     for policy in objects(render(chart, values), "NetworkPolicy"):
-        component = policy["metadata"]["labels"]["app.kubernetes.io/component"]
+        component = policy["metadata"]["labels"].get("app.kubernetes.io/component", "default-deny")
         for rule in policy["spec"].get("ingress", []):
             if "from" in rule:
                 assert rule["from"], (case, component, rule)
                 continue
             ports = [p["port"] for p in rule.get("ports", [])]
             assert ports, f"{case}: {component} admits every pod on every port"
-            if component == "controller":
-                assert api_open and ports == ["http"], f"{case}: the API is open to every pod though apiIngressFrom is set"
-            else:
-                assert component in ("rollout", "learner", "reward", "redis") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
+            assert component in ("controller", "rollout", "learner", "reward", "redis") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
+
+
+def api_namespaces(policy) -> list[str]:
+    """The namespaces whose pods the controller's policy admits to the API port (by name)."""
+    (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": "http"}] and "namespaceSelector" in r["from"][0]]
+    (expr,) = rule["from"][0]["namespaceSelector"]["matchExpressions"]
+    assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "In"
+    return expr["values"]
+
+
+def test_the_api_is_reachable_from_named_namespaces_only(chart):
+    policy = one(render(chart, {}), "NetworkPolicy", f"{RELEASE}-magic-controller")
+    assert api_namespaces(policy) == [NAMESPACE]
+    api_rules = [r for r in policy["spec"]["ingress"] if r.get("ports") == [{"port": "http"}]]
+    assert [p for r in api_rules for p in r["from"]] == [api_rules[0]["from"][0]]  # nobody else on the API port
+    wider = one(render(chart, {"networkPolicy": {"apiIngressNamespaces": ["ml-users", NAMESPACE]}}), "NetworkPolicy", f"{RELEASE}-magic-controller")
+    assert api_namespaces(wider) == [NAMESPACE, "ml-users"]
+
+
+def test_default_deny_covers_every_pod_of_the_release(chart):
+    """Hook and test pods included: each pod is selected by the default-deny policy, which admits nothing."""
+    docs = render(chart, {})
+    deny = one(docs, "NetworkPolicy", f"{RELEASE}-magic-default-deny")["spec"]
+    assert deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+    pods += [d["metadata"]["labels"] for d in objects(docs, "Pod")]
+    assert len(pods) == 7  # controller, rollout, reward, learner, redis, the secrets Job, the helm test
+    for labels in pods:
+        assert all(labels.get(k) == v for k, v in deny["podSelector"]["matchLabels"].items()), labels
+    assert not objects(render(chart, {"networkPolicy": {"defaultDeny": False}}), "NetworkPolicy", f"{RELEASE}-magic-default-deny")
 
 
 @pytest.mark.parametrize("case", POLICY_CASES)
@@ -310,7 +347,7 @@ def test_service_monitor_and_prometheus_rule_match_the_operator_crds(chart, name
     for endpoint in monitor["spec"]["endpoints"]:
         assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "targetLabel": "release"} in endpoint["relabelings"]
     # vLLM's series come through the rollout worker's metrics port: no endpoint on vLLM's own
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "metrics"}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"metrics"}  # every pod's metrics port, the controller's too
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     from .test_alerts import ALERTS
 

@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 
+from magic.config.settings import ServiceSettings
 from magic.local.redis_server import free_port
 from magic.store import acl
 
@@ -41,10 +42,17 @@ def deployed(chart, tmp_path_factory):
     conf = conf_map["redis.conf"].replace("port 6379", f"port {port}\nbind 127.0.0.1").replace("dir /data", f"dir {work}")
     (work / "etc" / "redis.conf").write_text(conf)
     (work / "etc" / "users.acl").write_text(conf_map["users.acl"])
+    # the Secrets as the pod's `secrets` volume lays them out (no password in the environment)
+    assert "env" not in redis_container and not any(pw in str(redis_container) for pw in PASSWORDS.values())
+    sources = one_volume(pod_spec(docs, "StatefulSet", "redis"), "secrets")["projected"]["sources"]
+    files = {item["path"] for src in sources for item in src["secret"]["items"]}
+    assert files == {"redis-password", *acl.ROLES}, files
+    (work / "secrets").mkdir()
+    for name in files:
+        (work / "secrets" / name).write_text(PASSWORDS["REDIS_PASSWORD" if name == "redis-password" else f"PASSWORD_{name.upper()}"])
     script = redis_container["args"][0].replace("/etc/redis/", f"{work}/etc/").replace("/tmp/users.acl", f"{work}/users.acl")
-    names = {e["name"] for e in redis_container["env"]}
-    assert set(PASSWORDS) <= names, names
-    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"], **PASSWORDS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = script.replace("/var/run/secrets/redis/", f"{work}/secrets/")
+    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"]}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -60,12 +68,32 @@ def deployed(chart, tmp_path_factory):
         proc.wait(10)
 
 
-def client_of(docs, port: int, component: str) -> redis.Redis:
-    """A client as `component`'s pod would connect: the URL the chart gives it, its password the Secret's."""
+def one_volume(spec, name):
+    (volume,) = [v for v in spec["volumes"] if v["name"] == name]
+    return volume
+
+
+def client_of(docs, port: int, component: str, tmp_path) -> redis.Redis:
+    """A client as `component`'s pod would connect: its settings from the chart's variables, the
+    password from the file its `secrets` volume holds (the role's Secret)."""
     kind = "StatefulSet" if component == "learner" else "Deployment"
-    e = env(container(pod_spec(docs, kind, component), component))
+    spec = pod_spec(docs, kind, component)
+    e = env(container(spec, component))
+    password = PASSWORDS[f"PASSWORD_{component.upper()}"]
+    if "MAGIC_REDIS_PASSWORD_FILE" in e:
+        (source,) = [s for s in one_volume(spec, "secrets")["projected"]["sources"] if s["secret"]["items"][0]["path"] == "redis-password"]
+        assert source["secret"]["name"] == f"{RELEASE}-magic-redis-{component}"
+        assert e["MAGIC_REDIS_PASSWORD_FILE"] == "/var/run/secrets/magic/redis-password" and "MAGIC_REDIS_PASSWORD" not in e
+        (tmp_path / "redis-password").write_text(password)
+        url = re.sub(r"@[^/]+/", f"@127.0.0.1:{port}/", e["MAGIC_REDIS_URL"])
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MAGIC_REDIS_URL", url)
+            mp.setenv("MAGIC_REDIS_PASSWORD_FILE", str(tmp_path / "redis-password"))
+            mp.delenv("MAGIC_REDIS_PASSWORD", raising=False)
+            return redis.Redis.from_url(ServiceSettings().redis_url)
+    # the learner's template does not mount its Secrets yet: the password as an EnvVar
     assert e["MAGIC_REDIS_PASSWORD"]["secretKeyRef"]["name"] == f"{RELEASE}-magic-redis-{component}"
-    url = e["MAGIC_REDIS_URL"].replace("$(MAGIC_REDIS_PASSWORD)", PASSWORDS[f"PASSWORD_{component.upper()}"])
+    url = e["MAGIC_REDIS_URL"].replace("$(MAGIC_REDIS_PASSWORD)", password)
     return redis.Redis.from_url(re.sub(r"@[^/]+/", f"@127.0.0.1:{port}/", url))
 
 
@@ -90,9 +118,9 @@ def test_the_file_on_disk_holds_no_password(deployed):
         ("controller", "spec", lambda c, k: c.flushall(), False),
     ],
 )
-def test_each_component_writes_only_what_its_role_writes(deployed, component, key, write, allowed):
+def test_each_component_writes_only_what_its_role_writes(deployed, component, key, write, allowed, tmp_path):
     docs, port, _ = deployed
-    client = client_of(docs, port, component)
+    client = client_of(docs, port, component, tmp_path)
     k = f"magic:{{run}}:{key}"
     if allowed:
         write(client, k)

@@ -252,14 +252,13 @@ def test_network_policy_semantics(policies, source, port, expected):
     assert admitted(policies, source, WEB, port) is expected
 
 
-def test_a_restricted_api_without_named_scrapers_is_warned_about(chart):
-    """The controller's /metrics is on its API port: apiIngressFrom alone closes it to Prometheus."""
-    api_only = {"networkPolicy": {"apiIngressFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "users"}}}]}}
-
-    def notes(values):
-        out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-        return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
-
-    assert "metricsIngressFrom is not" in notes(api_only)
-    named = {"networkPolicy": {**api_only["networkPolicy"], "metricsIngressFrom": [{"namespaceSelector": {}}]}}
-    assert "metricsIngressFrom is not" not in notes(named) and "metricsIngressFrom is not" not in notes({})
+def test_a_restricted_api_leaves_the_controller_scrapable(chart):
+    """The controller's /metrics is on a port apart from its API: restricting the API to a
+    namespace does not close the metrics to an unnamed Prometheus."""
+    api_only = {"networkPolicy": {"apiIngressFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "users"}}}]},
+                "metrics": {"serviceMonitor": {"enabled": True}}}
+    docs = render(chart, api_only)
+    policies = objects(docs, "NetworkPolicy")
+    source = prometheus(api_only)
+    controller = [t for t in scrape_targets(docs) if t.pod.labels.get("app.kubernetes.io/component") == "controller"]
+    assert controller and all(admitted(policies, source, t.pod, t.port) for t in controller)

@@ -16,7 +16,7 @@ from waiting import wait_for
 from magic.local.redis_server import RedisServer, free_port
 from magic.local.supervisor import Supervisor
 
-from .conftest import CHART
+from .conftest import CHART, ROOT
 
 pytestmark = pytest.mark.deploy
 
@@ -27,17 +27,20 @@ SMOKE_TEST = CHART / "files" / "smoke_test.py"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """A password-protected Redis, the controller and one reward worker; yields (ports, supervisor, redis url)."""
+    """A password-protected Redis, the controller and one reward worker, given their secrets as the
+    chart does (files named by MAGIC_*_FILE); yields (ports, supervisor, redis url without password)."""
     tmp = tmp_path_factory.mktemp("secured")
     server = RedisServer().start()
     import redis
 
     redis.Redis(port=server.port).config_set("requirepass", PASSWORD)
-    url = f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0"
+    url = f"redis://127.0.0.1:{server.port}/0"
     ports = {"controller": free_port(), "reward": free_port()}
-    sup = Supervisor(tmp / "logs", {"MAGIC_REDIS_URL": url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_LOG_LEVEL": "DEBUG"})
+    files = {"MAGIC_REDIS_URL": url, "MAGIC_REDIS_PASSWORD_FILE": secret_file(tmp, "redis-password", PASSWORD)}
+    sup = Supervisor(tmp / "logs", {**files, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_LOG_LEVEL": "DEBUG"})
     try:
-        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"]), "MAGIC_API_TOKEN": TOKEN, "MAGIC_READ_REQUIRES_TOKEN": "true"})
+        token = {"MAGIC_API_TOKEN_FILE": secret_file(tmp, "api-token", TOKEN)}
+        sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"]), **token, "MAGIC_READ_REQUIRES_TOKEN": "true"})
         sup.start("reward-0", "magic.reward", {"MAGIC_METRICS_PORT": str(ports["reward"])})
         wait_for(lambda: "up (redis" in sup.get("reward-0").log_tail(200), 120, "the reward worker to start", sup)
         wait_for(lambda: _get(ports["controller"], "/readyz") == 200, 120, "the controller to be ready", sup)
@@ -45,6 +48,13 @@ def stack(tmp_path_factory):
     finally:
         sup.stop_all()
         server.stop()
+
+
+def secret_file(directory, name: str, value: str) -> str:
+    """A Secret's key as the chart mounts it (a file, with the trailing newline an edited file has)."""
+    path = directory / name
+    path.write_text(value + "\n")
+    return str(path)
 
 
 def _get(port: int, path: str) -> int | None:
@@ -79,25 +89,28 @@ def test_each_process_exports_only_its_own_series_and_no_unset_gauge(stack):
     assert "magic_errors_total" in reward  # a counter its service declares: a true 0
 
 
-def run_smoke_test(api: str, token: str, redis_url: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MAGIC_API": api, "MAGIC_API_TOKEN": token, "MAGIC_REDIS_URL": redis_url}
+def run_smoke_test(api: str, token: str, redis_url: str, password: str, tmp_path) -> subprocess.CompletedProcess:
+    """The helm test pod's script with its environment: the token and the password as files."""
+    secrets = {"MAGIC_API_TOKEN_FILE": secret_file(tmp_path, "api-token", token), "MAGIC_REDIS_PASSWORD_FILE": secret_file(tmp_path, "redis-password", password)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAGIC_")}
+    env.update({"MAGIC_API": api, "MAGIC_REDIS_URL": redis_url, **secrets, "PYTHONPATH": str(ROOT / "services")})
     return subprocess.run([sys.executable, str(SMOKE_TEST)], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_helm_test_script_passes_on_a_working_install(stack):
+def test_helm_test_script_passes_on_a_working_install(stack, tmp_path):
     ports, _, url = stack
-    done = run_smoke_test(f"http://127.0.0.1:{ports['controller']}", TOKEN, url)
+    done = run_smoke_test(f"http://127.0.0.1:{ports['controller']}", TOKEN, url, PASSWORD, tmp_path)
     assert done.returncode == 0, done.stderr
     assert '"passed": true' in done.stdout
 
 
-def test_helm_test_script_fails_on_a_broken_install(stack):
+def test_helm_test_script_fails_on_a_broken_install(stack, tmp_path):
     ports, _, url = stack
     api = f"http://127.0.0.1:{ports['controller']}"
-    wrong_token = run_smoke_test(api, "x" * 32, url)
+    wrong_token = run_smoke_test(api, "x" * 32, url, PASSWORD, tmp_path)
     assert wrong_token.returncode == 1 and "token:" in wrong_token.stderr, wrong_token.stderr
-    wrong_password = run_smoke_test(api, TOKEN, url.replace(PASSWORD, "not-the-password"))
+    wrong_password = run_smoke_test(api, TOKEN, url, "not-the-password", tmp_path)
     assert wrong_password.returncode == 1 and "redis:" in wrong_password.stderr, wrong_password.stderr
     assert "not-the-password" not in wrong_password.stderr + wrong_password.stdout
-    no_controller = run_smoke_test(f"http://127.0.0.1:{free_port()}", TOKEN, url)
+    no_controller = run_smoke_test(f"http://127.0.0.1:{free_port()}", TOKEN, url, PASSWORD, tmp_path)
     assert no_controller.returncode == 1 and "controller:" in no_controller.stderr, no_controller.stderr

@@ -3,7 +3,11 @@
 A Secret that already exists is left as it is (its value is what the running pods and Redis use);
 a missing one is created with a random URL-safe value of the requested length. Helm's ownership
 labels and annotations are set on what is created, so that a later `helm upgrade` with the value
-given in values adopts the Secret instead of failing.
+given in values adopts the Secret instead of failing. GitOps tools must never delete it (a new
+password would then be generated, which the running Redis does not have): Argo CD tracks objects by
+the release's app.kubernetes.io/instance label, which the Secret carries, and would prune it as
+absent from the rendered manifests; GITOPS_KEEP are the annotations that stop that (Argo CD's
+compare and sync options, Flux's kustomize-controller's prune switch).
 
 Input: MAGIC_SECRETS, a JSON list of {"name", "key", "length"}; RELEASE_NAME, RELEASE_NAMESPACE,
 and the labels to set as JSON in SECRET_LABELS. Talks to the API server with the pod's
@@ -29,6 +33,13 @@ def random_value(length: int) -> str:
     return "".join(secrets.choice(ALPHABET) for _ in range(length))
 
 
+GITOPS_KEEP = {
+    "argocd.argoproj.io/compare-options": "IgnoreExtraneous",  # not "OutOfSync" for being absent from Git
+    "argocd.argoproj.io/sync-options": "Prune=false",  # never pruned
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",  # Flux's garbage collection skips it
+}
+
+
 def secret_manifest(name: str, key: str, value: str, namespace: str, release: str, labels: dict[str, str]) -> dict:
     """The Secret to create, owned by the Helm release (labels and annotations Helm checks before adopting)."""
     import base64
@@ -40,7 +51,7 @@ def secret_manifest(name: str, key: str, value: str, namespace: str, release: st
             "name": name,
             "namespace": namespace,
             "labels": {**labels, "app.kubernetes.io/managed-by": "Helm"},
-            "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace, "helm.sh/resource-policy": "keep"},
+            "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace, "helm.sh/resource-policy": "keep", **GITOPS_KEEP},
         },
         "type": "Opaque",
         "data": {key: base64.b64encode(value.encode()).decode()},

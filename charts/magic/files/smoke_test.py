@@ -5,9 +5,11 @@
 3. the API token works: a mutating request without it is refused (401), with it is let through
    (an empty body: 422, so nothing is created).
 
-Environment: MAGIC_API (the controller's Service URL), MAGIC_API_TOKEN, MAGIC_REDIS_URL.
+Environment: MAGIC_API (the controller's Service URL); the token and Redis as every MAGIC process
+reads them (`magic.config.settings`): MAGIC_API_TOKEN or MAGIC_API_TOKEN_FILE, MAGIC_REDIS_URL or
+MAGIC_REDIS_URL_FILE, MAGIC_REDIS_PASSWORD_FILE (the chart mounts its Secrets as files).
 Exit status 0 when every check passes; otherwise 1, one line per failed check on stderr.
-Standard library only, plus `redis` (in every MAGIC image).
+Standard library, `redis` and the `magic` package's settings (the controller's image has both).
 """
 
 from __future__ import annotations
@@ -74,9 +76,13 @@ def check_redis(url: str) -> list[str]:
 
 
 def main() -> int:
+    from magic.config.settings import ServiceSettings
+    from magic.controller.settings import ClientSettings
+
     api = os.environ["MAGIC_API"].rstrip("/")
-    token = os.environ["MAGIC_API_TOKEN"]
-    problems = check_controller(api, token) + check_token(api, token) + check_redis(os.environ["MAGIC_REDIS_URL"])
+    secret = ClientSettings().api_token
+    token = secret.get_secret_value() if secret else ""
+    problems = check_controller(api, token) + check_token(api, token) + check_redis(ServiceSettings().redis_url)
     for problem in problems:
         print(problem, file=sys.stderr)
     print(json.dumps({"passed": not problems, "failures": len(problems)}))

@@ -68,6 +68,12 @@ repository:tag@digest, which the runtime pulls by digest) */}}
 {{- $ref }}
 {{- end }}
 
+{{/* imagePullPolicy of an image's values: (dict "image" .Values.rollout.image); "" = IfNotPresent
+when pulled by digest (immutable), Always when by tag alone (a tag can be moved) */}}
+{{- define "magic.pullPolicy" -}}
+{{- .image.pullPolicy | default (ternary "IfNotPresent" "Always" (ne "" (.image.digest | default ""))) }}
+{{- end }}
+
 {{/* Pod-level fields every pod shares: (dict "root" $ "values" .Values.rollout); optionally
 "serviceAccountName" and "automountToken" (only the secrets hook Job talks to the API server) */}}
 {{- define "magic.podCommon" -}}
@@ -163,47 +169,73 @@ its own pod IP (expanded by Kubernetes from MAGIC_POD_IP) as the NCCL rendezvous
 {{- if and .Values.redis.enabled .Values.redis.auth.enabled .Values.redis.acl.enabled }}true{{ end }}
 {{- end }}
 
-{{/* MAGIC_REDIS_URL (and the password it expands) as EnvVars: (dict "root" $ "role" "rollout");
-with the bundled Redis's ACL users (redis.acl.enabled) each role connects as its own user
-(`magic.store.acl`), else as the default user; no role: the default user (the helm test). */}}
+{{/* MAGIC_REDIS_URL as EnvVars: (dict "root" $ "role" "rollout"); with the bundled Redis's ACL
+users (redis.acl.enabled) each role connects as its own user (`magic.store.acl`), else as the
+default user; no role: the default user (the helm test). The password (or an external Redis's URL
+Secret) is a file of the pod's `secrets` volume (magic.volumes), named by
+MAGIC_REDIS_PASSWORD_FILE / MAGIC_REDIS_URL_FILE: no secret in the environment. */}}
 {{- define "magic.redisEnv" -}}
 {{- $root := .root }}
-{{- if $root.Values.redis.enabled }}
+{{- $user := "" }}
 {{- if and (include "magic.redisAcl" $root) .role }}
-- name: MAGIC_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "magic.redisRoleSecretName" . }}
-      key: redis-password
+{{- $user = printf "magic-%s" .role }}
+{{- end }}
+{{- if $root.Values.redis.enabled }}
+{{- if $root.Values.redis.auth.enabled }}
 - name: MAGIC_REDIS_URL
-  value: {{ printf "redis://magic-%s:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" .role (include "magic.redisHost" $root) | quote }}
-{{- else if $root.Values.redis.auth.enabled }}
-- name: MAGIC_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "magic.redisSecretName" $root }}
-      key: {{ $root.Values.redis.auth.existingSecretPasswordKey }}
-- name: MAGIC_REDIS_URL
-  value: {{ printf "redis://:$(MAGIC_REDIS_PASSWORD)@%s:6379/0" (include "magic.redisHost" $root) | quote }}
+  value: {{ printf "redis://%s%s:6379/0" (ternary (printf "%s@" $user) "" (ne $user "")) (include "magic.redisHost" $root) | quote }}
+- name: MAGIC_REDIS_PASSWORD_FILE
+  value: /var/run/secrets/magic/redis-password
 {{- else }}
 - name: MAGIC_REDIS_URL
   value: {{ printf "redis://%s:6379/0" (include "magic.redisHost" $root) | quote }}
 {{- end }}
 {{- else if $root.Values.externalRedis.existingSecret }}
-- name: MAGIC_REDIS_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ $root.Values.externalRedis.existingSecret }}
-      key: {{ $root.Values.externalRedis.existingSecretUrlKey }}
+- name: MAGIC_REDIS_URL_FILE
+  value: /var/run/secrets/magic/redis-url
 {{- else }}
 - name: MAGIC_REDIS_URL
   value: {{ required "externalRedis.url or externalRedis.existingSecret is required when redis.enabled is false" $root.Values.externalRedis.url | quote }}
 {{- end }}
 {{- end }}
 
+{{/* The pod's `secrets` volume: a projected volume of the Secrets its MAGIC container reads, as
+files under /var/run/secrets/magic (mode 0440, readable by the pod's fsGroup): redis-password (the
+role's ACL user's, or without a role the default user's: the helm test), redis-url (an external Redis's URL Secret), api-token
+("token": the controller and the reward pods). Empty when there is nothing to mount.
+(dict "root" $ "role" "rollout" "token" bool) */}}
+{{- define "magic.secretSources" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+{{- if and $v.redis.enabled $v.redis.auth.enabled }}
+{{- if and (include "magic.redisAcl" $root) .role }}
+- secret:
+    name: {{ include "magic.redisRoleSecretName" . }}
+    items: [{key: redis-password, path: redis-password}]
+{{- else }}
+- secret:
+    name: {{ include "magic.redisSecretName" $root }}
+    items: [{key: {{ $v.redis.auth.existingSecretPasswordKey }}, path: redis-password}]
+{{- end }}
+{{- else if and (not $v.redis.enabled) $v.externalRedis.existingSecret }}
+- secret:
+    name: {{ $v.externalRedis.existingSecret }}
+    items: [{key: {{ $v.externalRedis.existingSecretUrlKey }}, path: redis-url}]
+{{- end }}
+{{- if .token }}
+- secret:
+    name: {{ include "magic.apiTokenSecretName" $root }}
+    items: [{key: {{ $v.auth.existingSecretKey }}, path: api-token}]
+{{- end }}
+{{- end }}
+
 {{/* EnvVars every MAGIC container shares: (dict "root" $ "values" .Values.rollout) */}}
 {{- define "magic.env" -}}
 {{ include "magic.redisEnv" (dict "root" .root "role" .role) }}
+{{- if and .secretFiles .token }}
+- name: MAGIC_API_TOKEN_FILE
+  value: /var/run/secrets/magic/api-token
+{{- end }}
 - name: MAGIC_DATA_DIR
   value: {{ .root.Values.persistence.mountPath | quote }}
 - name: MAGIC_WORKER_NAME
@@ -230,10 +262,19 @@ with the bundled Redis's ACL users (redis.acl.enabled) each role connects as its
 
 {{/* Volumes ---------------------------------------------------------------------------------- */}}
 
-{{/* The writable scratch directories of a read-only root filesystem, and the shared volume */}}
+{{/* The writable scratch directories of a read-only root filesystem, the shared volume, and with
+"secretFiles" (and "role", "token") the Secrets as files (magic.secretSources) */}}
 {{- define "magic.volumes" -}}
 - name: tmp
   emptyDir: {}
+{{- $sources := include "magic.secretSources" . }}
+{{- if and .secretFiles $sources }}
+- name: secrets
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- $sources | nindent 6 }}
+{{- end }}
 - name: home
   emptyDir: {}
 {{- if .data }}
@@ -255,6 +296,11 @@ with the bundled Redis's ACL users (redis.acl.enabled) each role connects as its
 {{- define "magic.volumeMounts" -}}
 - name: tmp
   mountPath: /tmp
+{{- if and .secretFiles (include "magic.secretSources" .) }}
+- name: secrets
+  mountPath: /var/run/secrets/magic
+  readOnly: true
+{{- end }}
 - name: home
   mountPath: /home/magic
 {{- if .data }}

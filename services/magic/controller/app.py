@@ -14,7 +14,7 @@
     POST   /v1/runs/{run}/pause|resume|stop
     POST   /v1/runs/{run}/evals          evaluate the current policy on registered datasets (202, an eval id)
     GET    /v1/runs/{run}/evals[/{id}]   evals: pending|running|done|failed, version, figures
-    GET    /livez, /readyz, /metrics     probes and Prometheus
+    GET    /livez, /readyz, /metrics     probes and Prometheus (also alone on MAGIC_METRICS_PORT, when set)
 
 Every POST/DELETE needs `Authorization: Bearer $MAGIC_API_TOKEN` when the controller has a
 token (401 with WWW-Authenticate otherwise); GETs too with MAGIC_READ_REQUIRES_TOKEN=true (the
@@ -45,8 +45,8 @@ from magic.controller.api.guard import RequestGuard
 from magic.controller.datasets import DatasetRegistry
 from magic.controller.settings import ControllerSettings
 from magic.observability.logs import setup_logging
-from magic.observability.metrics import registry_of
-from magic.store.client import Redis, RedisError, client
+from magic.observability.metrics import registry_of, serve_http
+from magic.store.client import Redis, RedisError, answers, client
 from magic.store.datasets import DatasetIndex
 from magic.store.runs import Runs
 
@@ -66,7 +66,13 @@ def create_app(settings: ControllerSettings | None = None, r: Redis | None = Non
         controller = Controller(settings, Runs(conn, settings.data_dir), DatasetRegistry(DatasetIndex(conn)))
         app.state.controller = controller
         controller.resume_active()
+        # /metrics and the probes on a port of their own (MAGIC_METRICS_PORT): Prometheus and the
+        # kubelet reach it while the API's port stays open only to the API's clients
+        probes = serve_http(settings.metrics_port, lambda: answers(conn), registry=registry_of("controller"), stalled=controller.stalled) \
+            if settings.metrics_port is not None else None
         yield
+        if probes is not None:
+            probes.shutdown()
         controller.shutdown()
 
     app = FastAPI(

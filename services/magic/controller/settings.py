@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from magic.config.settings import ServiceSettings
+from magic.config.settings import SecretFiles, ServiceSettings
 
 
 class ClientSettings(BaseSettings):
     """How the `magic` CLI (and any `ControllerClient`) reaches the controller; flags override them."""
 
     model_config = SettingsConfigDict(env_prefix="MAGIC_", extra="ignore")
+    secret_files: ClassVar[tuple[str, ...]] = ("api_token",)
+    """Also read from a file: MAGIC_API_TOKEN_FILE (`magic.config.settings.SecretFiles`)."""
 
     controller_url: str = "http://127.0.0.1:8080"
     """Base URL of the controller's REST API (env MAGIC_CONTROLLER_URL)."""
     api_token: SecretStr | None = None
-    """Bearer token sent with every request (env MAGIC_API_TOKEN); unset: none is sent."""
+    """Bearer token sent with every request (env MAGIC_API_TOKEN or MAGIC_API_TOKEN_FILE); unset: none is sent."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        return init_settings, env_settings, SecretFiles(settings_cls), dotenv_settings, file_secret_settings
 
 
 class ControllerSettings(ServiceSettings):
+    secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token")
     host: str = "127.0.0.1"
     """Interface the REST API listens on."""
     port: int = Field(default=8080, ge=0, le=65535)
     """Port of the REST API."""
     api_token: SecretStr | None = Field(default=None, min_length=16)
-    """Bearer token every mutating endpoint requires (env MAGIC_API_TOKEN; the Helm chart sets it
-    from a Secret). Unset disables authentication, with a warning in the log: development only."""
+    """Bearer token every mutating endpoint requires (env MAGIC_API_TOKEN, or a file named by
+    MAGIC_API_TOKEN_FILE: how the Helm chart passes its Secret). Unset disables authentication, with a warning in the log: development only."""
     read_requires_token: bool = False
     """Also require the token on every GET of the API (/v1/...): runs, datasets, metrics show
     model and dataset paths. The probes (/livez, /readyz) and /metrics stay open. Off by default

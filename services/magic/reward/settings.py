@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -118,6 +119,7 @@ class RewardSettings(ServiceSettings):
     ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_SANDBOX__MEMORY_MB=2048``."""
 
     model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
+    secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token")
 
     math: MathRewardSettings = Field(default_factory=MathRewardSettings)
     """The math verifier."""
@@ -131,8 +133,8 @@ class RewardSettings(ServiceSettings):
     """`data_source` patterns (fnmatch, case-insensitive) judged by the code sandbox; every other
     data source is judged as a math answer."""
     api_token: SecretStr | None = Field(default=None, min_length=16)
-    """Bearer token POST /v1/score requires (env MAGIC_API_TOKEN, the controller's token; the
-    Helm chart sets it from the same Secret). Unset, the endpoint refuses every request (403):
+    """Bearer token POST /v1/score requires (env MAGIC_API_TOKEN or MAGIC_API_TOKEN_FILE, the
+    controller's token; the Helm chart mounts the same Secret). Unset, the endpoint refuses every request (403):
     it runs submitted code."""
     score_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of POST /v1/score (env MAGIC_SCORE_PORT), apart from the metrics port so that opening
