@@ -314,3 +314,21 @@ def test_livez_fails_while_a_run_driver_is_frozen_and_recovers(r, tmp_path, tiny
             time.sleep(0.05)
         assert client.get("/livez").status_code == 200
         assert client.post("/v1/runs/r1/stop", headers=AUTH).status_code == 200
+
+
+def test_the_metrics_port_serves_metrics_and_probes_apart_from_the_api(r, tmp_path):
+    """MAGIC_METRICS_PORT (the chart sets it): /metrics, /livez and /readyz on a port of their own,
+    which serves nothing of the API, so the API's port can stay closed to Prometheus."""
+    import httpx
+
+    from magic.local.redis_server import free_port
+
+    port = free_port()
+    settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, metrics_port=port)
+    with TestClient(create_app(settings, r)):
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/livez").status_code == 200 and httpx.get(f"{base}/readyz").status_code == 200
+        assert "magic_" in httpx.get(f"{base}/metrics").text
+        assert httpx.get(f"{base}/v1/runs", headers=AUTH).status_code == 404  # no API there
+    with pytest.raises(httpx.HTTPError):  # closed with the app
+        httpx.get(f"http://127.0.0.1:{port}/livez", timeout=2)
