@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import CHART, NAMESPACE, RELEASE, VALUE_SETS, value_set
-from .test_chart import WORKLOADS, container, env, objects, one, pod_spec, render, secret_file
+from .test_chart import container, env, objects, one, render, secret_file
 
 pytestmark = pytest.mark.deploy
 

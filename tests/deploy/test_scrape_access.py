@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from .conftest import NAMESPACE, RELEASE, VALUE_SETS, value_set
+from .conftest import NAMESPACE, VALUE_SETS, value_set
 from .test_chart import objects, render
 
 pytestmark = pytest.mark.deploy
