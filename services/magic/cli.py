@@ -39,9 +39,11 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from magic.config.files import load_file
 from magic.config.flags import add_model_flags, merge, model_overrides
-from magic.config.schema import StageConfig
+from magic.config.schema import EvalConfig, StageConfig
 from magic.controller.client import ClientError, ControllerClient
 from magic.local.options import add_arguments
 from magic.protocol.status import TERMINAL, RunStatus
@@ -223,18 +225,31 @@ def _eval_usage(problem: str) -> int:
     return Exit.usage
 
 
+_EVAL_FLAGS = {"samples": "--samples", "pass_k": "--pass-k", "temperature": "--temperature", "top_p": "--top-p",
+               "context_length": "--T", "max_prompts": "--max-prompts"}
+
+
+def _eval_settings_problem(args: argparse.Namespace) -> str | None:
+    """The sampling flags checked by the schema the API checks an eval with (`EvalConfig`): the
+    first problem, named by its flag, or None."""
+    given = {"samples": args.samples, "pass_k": args.pass_k, "temperature": args.temperature, "top_p": args.top_p,
+             "context_length": args.max_tokens, "max_prompts": args.max_prompts}
+    try:
+        EvalConfig.model_validate({"datasets": ["flags"], **{k: v for k, v in given.items() if v is not None}})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        if field not in given:  # a rule between fields (pass@k's k <= n): its message names them
+            return f"{msg} (--pass-k, --samples)" if "pass_k" in msg else msg
+        return f"{_EVAL_FLAGS[field]}: {msg}, got {given[field]}"
+    return None
+
+
 def eval_command(args: argparse.Namespace) -> int:
     """`magic eval`: check the flags (exit 2 with the reason), evaluate, print the table, write the JSON."""
-    if args.samples < 1:
-        return _eval_usage(f"--samples must be at least 1, got {args.samples}")
-    if args.pass_k is not None and not 1 <= args.pass_k <= args.samples:
-        return _eval_usage(f"--pass-k must be between 1 and --samples = {args.samples} (pass@k needs k <= n samples per prompt), got {args.pass_k}")
-    if not 0 < args.temperature <= 10 or not 0 < args.top_p <= 1:
-        return _eval_usage(f"--temperature must be in (0, 10] and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        return _eval_usage(f"--T must be at least 1, got {args.max_tokens}")
-    if args.max_prompts is not None and args.max_prompts < 1:
-        return _eval_usage(f"--max-prompts must be at least 1, got {args.max_prompts}")
+    if (problem := _eval_settings_problem(args)) is not None:
+        return _eval_usage(problem)
     if args.local and args.run:
         return _eval_usage("give either --run RUN (through the services) or --local MODEL_OR_CHECKPOINT (on this machine), not both")
     if args.local:

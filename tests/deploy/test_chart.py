@@ -302,6 +302,7 @@ def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
     assert gpus(container(learner, "learner")) == 8
     assert one(docs, "StatefulSet", f"{RELEASE}-magic-learner")["spec"]["replicas"] == 2  # 8 GPUs x 2 nodes: 16 ranks
     assert "--nproc-per-node=8" in container(learner, "learner")["args"] and env(container(learner, "learner"))["MAGIC_BACKEND"] == "deepspeed"
+    assert "--shutdown-timeout=110" in container(learner, "learner")["args"]  # the 120 s grace period, less 10 s
     transport = json.loads(env(container(learner, "learner"))["MAGIC_WEIGHT_TRANSPORT"])
     assert transport == {"type": "nccl", "master_address": "$(MAGIC_POD_IP)"}
     assert json.loads(env(container(spec, "rollout"))["MAGIC_WEIGHT_TRANSPORT"]) == {"type": "nccl"}

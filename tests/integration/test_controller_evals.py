@@ -278,3 +278,25 @@ def test_a_controller_restarted_mid_eval_finishes_it_without_double_counting(r, 
     assert body["figures"]["held"]["avg_at_n"] == pytest.approx((0.25 + 0 + 1) / 3) and body["figures"]["held"]["prompts"] == 3
     prompts = [p.group_id for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
     assert prompts == ["eval:1:held:00000", "eval:1:held:00001", "eval:1:held:00002"]  # published once
+
+
+def test_an_eval_that_cannot_be_served_when_the_plan_finishes_fails_alone(r, tmp_path, tiny_model_dir):
+    """The plan has ended (its training done) while an eval waits and no rollout worker serves the
+    final version: the eval fails saying why, and finishing the plan does not fail the run."""
+    from magic.controller.driver import StepDriver
+
+    settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, worker_wait_seconds=1)
+    with TestClient(create_app(settings, r)) as api:
+        assert api.post("/v1/datasets", json={"name": "held", "path": str(held_file(tmp_path))}, headers=AUTH).status_code == 201
+        assert api.post("/v1/runs", json={"name": "f", "model": str(tiny_model_dir), "datasets": ["held"]}, headers=AUTH).status_code == 201
+        wait_status(api, "f", "waiting")
+        resp = api.post("/v1/runs/f/evals", json={"datasets": ["held"], "k": 2, "T": 12}, headers=AUTH)
+        assert resp.status_code == 202 and resp.json()["status"] == "pending"  # no rollout worker: it waits
+        c = api.app.state.controller
+        driver = StepDriver(c.runs, c.datasets, "f", settings)  # the run's driver, at the end of its plan
+    assert driver.lease.try_acquire()
+    driver._open_consumers()
+    driver._finish_plan(0)  # returns: no RunFailed out of it
+    body = driver.store.eval("1")
+    assert body["status"] == "failed" and "final policy could not be evaluated" in body["error"] and "no rollout worker serves policy version 0" in body["error"], body
+    driver.lease.release()

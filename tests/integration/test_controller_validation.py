@@ -106,3 +106,10 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
         seeds.setdefault(p.prompt_uid, set()).add(p.sampling.seed)
     assert all(len(s) == 1 for s in seeds.values()) and len({s.pop() for s in seeds.values()}) == 3
     assert v2.run(spec, 2, 0, 16, tick=lambda: pytest.fail("a finished validation ran again")) == figures
+    # a controller restarted after both: the series show the newest stored point (version 4), not nothing
+    from magic.observability import metrics as m
+
+    m.VALIDATION_VERSION.labels(dataset="held").set(-1)
+    validation().restore_series()
+    assert m.VALIDATION_VERSION.labels(dataset="held")._value.get() == 4
+    assert m.VALIDATION_AVG.labels(dataset="held")._value.get() == pytest.approx(runs["v"].validations()[4]["held"]["avg_at_n"])

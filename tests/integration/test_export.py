@@ -104,7 +104,7 @@ def test_bad_input_exits_2_naming_the_available_steps(data_dir, tmp_path, capsys
     (cut / "config.json").write_text("{}")
     try:
         assert main(["export", RUN, "--step", "5", "--out", out, "--data-dir", str(data_dir)]) == Exit.usage
-        assert "step 5 is incomplete (no COMPLETE marker" in capsys.readouterr().err
+        assert "step 5: it is incomplete (no COMPLETE marker" in capsys.readouterr().err
     finally:
         shutil.rmtree(cut)
     (tmp_path / "hf").mkdir()

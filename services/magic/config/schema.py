@@ -352,7 +352,8 @@ class EvalConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass of the samples."""
     context_length: int | None = Field(default=None, ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
-    """T of the samples; None: the T of the stage the policy version belongs to."""
+    """T of the samples; None: the T of the run's current stage when the evaluation is served (a
+    validation before step k: the T of the stage step k belongs to)."""
     max_prompts: int | None = Field(default=None, ge=1, le=1_000_000)
     """Evaluate only the first this many prompts of each dataset (None: all of them)."""
 

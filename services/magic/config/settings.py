@@ -59,13 +59,24 @@ class SecretFiles(PydanticBaseSettingsSource):
         return values
 
 
-class ServiceSettings(BaseSettings):
-    """Settings every MAGIC process shares. Read from `MAGIC_*` environment variables; the secret
-    ones (`secret_files`) also from files (`MAGIC_<FIELD>_FILE`, see `SecretFiles`)."""
+class MagicSettings(BaseSettings):
+    """`MAGIC_*` environment variables; the secret ones (`secret_files`) also from files
+    (`MAGIC_<FIELD>_FILE`, see `SecretFiles`). The base of the services' and the CLI's settings."""
 
     model_config = SettingsConfigDict(env_prefix="MAGIC_", extra="ignore")
-    secret_files: ClassVar[tuple[str, ...]] = ("redis_url", "redis_password")
+    secret_files: ClassVar[tuple[str, ...]] = ()
     """Settings that may be given as a file (MAGIC_<FIELD>_FILE); a subclass adds its own."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        """The `*_FILE` variables after the plain ones (both at once are refused: `SecretFiles`)."""
+        return init_settings, env_settings, SecretFiles(settings_cls), dotenv_settings, file_secret_settings
+
+
+class ServiceSettings(MagicSettings):
+    """Settings every MAGIC process shares."""
+
+    secret_files: ClassVar[tuple[str, ...]] = ("redis_url", "redis_password")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis server holding the streams and the run state. It may carry the password
@@ -97,12 +108,6 @@ class ServiceSettings(BaseSettings):
     fault_points: str = ""
     """Testing only: `point[@step],...` — the process kills itself (SIGKILL) on reaching one of
     these named commit points of a step (`magic.runtime.faults`); empty in production."""
-
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
-        """The `*_FILE` variables after the plain ones (both at once are refused: `SecretFiles`)."""
-        return init_settings, env_settings, SecretFiles(settings_cls), dotenv_settings, file_secret_settings
 
     @model_validator(mode="after")
     def _password_into_url(self) -> ServiceSettings:

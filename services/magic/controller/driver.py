@@ -43,7 +43,7 @@ from magic.controller.estimation import DifficultyEstimation
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
 from magic.controller.stream_metrics import StreamSampler
-from magic.controller.validation import EVAL_OPEN, Validation
+from magic.controller.validation import EVAL_OPEN, EvaluationTimeout, Validation
 from magic.observability import metrics as m
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
@@ -262,6 +262,7 @@ class StepDriver(threading.Thread):
         self.estimates = self.channels.group("estimates", GROUP)
         self.plan = StagePlan(self.store, self.steps, scored)
         self.validation = Validation(self.store, self.steps, self.estimates, self.datasets, self.settings)
+        self.validation.restore_series()
         self._estimating = False
         self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
 
@@ -320,10 +321,19 @@ class StepDriver(threading.Thread):
         validate = spec.validation is not None and k > 0 and bool(spec.stages)
         if not validate and not self._open_evals():
             return
-        self.wait_for_version(k)
+        try:  # the training is done: an evaluation that cannot be made fails alone, not the run
+            self.wait_for_version(k)
+        except RunFailed as exc:
+            log.error("run %s: the final policy (version %d) is not evaluated: %s", self.run_id, k, exc)
+            for record in self._open_evals():
+                self.store.end_eval(record["id"], error=f"the run's plan finished and its final policy could not be evaluated: {exc}")
+            return
         last = len(spec.stages) - 1
         if validate:
-            self._validate(k, last, spec.stages[-1].context_length)
+            try:
+                self._validate(k, last, spec.stages[-1].context_length)
+            except EvaluationTimeout as exc:
+                log.error("run %s: the final validation (version %d) failed: %s", self.run_id, k, exc)
         self._serve_evals(k, max(last, 0), spec.stages[-1].context_length if spec.stages else None)
 
     # -- requested evaluations (POST /v1/runs/{run}/evals) -------------------------------------------

@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from magic.config.settings import SecretFiles, ServiceSettings
+from magic.config.settings import MagicSettings, ServiceSettings
 
 
-class ClientSettings(BaseSettings):
+class ClientSettings(MagicSettings):
     """How the `magic` CLI (and any `ControllerClient`) reaches the controller; flags override them."""
 
-    model_config = SettingsConfigDict(env_prefix="MAGIC_", extra="ignore")
     secret_files: ClassVar[tuple[str, ...]] = ("api_token",)
     """Also read from a file: MAGIC_API_TOKEN_FILE (`magic.config.settings.SecretFiles`)."""
 
@@ -21,11 +19,6 @@ class ClientSettings(BaseSettings):
     """Base URL of the controller's REST API (env MAGIC_CONTROLLER_URL)."""
     api_token: SecretStr | None = None
     """Bearer token sent with every request (env MAGIC_API_TOKEN or MAGIC_API_TOKEN_FILE); unset: none is sent."""
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
-        return init_settings, env_settings, SecretFiles(settings_cls), dotenv_settings, file_secret_settings
-
 
 class ControllerSettings(ServiceSettings):
     secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token")

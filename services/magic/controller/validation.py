@@ -174,6 +174,13 @@ class Validation:
         )
         return figures
 
+    def restore_series(self) -> None:
+        """Set the magic_validation_* series from the newest stored validation (a controller that
+        restarted between validations shows the last curve point, not nothing)."""
+        if done := self.store.validations():
+            version = max(done)
+            export(done[version], version)
+
     def run(self, spec: RunSpec, version: int, stage_index: int, context_length: int, tick: Callable[[], None]) -> dict[str, dict]:
         """Validate policy version `version` with the run's validation block (T: its own or the
         stage's `context_length`); store, export and return the figures. A validation already

@@ -137,6 +137,16 @@ def latest_checkpoint(root: Path, step: int | None = None) -> Path | None:
     return None
 
 
+def unusable(directory: Path) -> str | None:
+    """Why checkpoint `directory` cannot be used, in words for a user (incomplete, or `problem`),
+    or None: what `magic export` and `magic eval --local` refuse a checkpoint for."""
+    if not (directory / COMPLETE).is_file():
+        return f"it is incomplete (no {COMPLETE} marker: its write was cut short)"
+    if (why := problem(directory)) is not None:
+        return f"it is unreadable ({why})"
+    return None
+
+
 def problem(directory: Path) -> str | None:
     """Why checkpoint `directory` cannot be loaded, or None: a file its marker lists is missing or
     has another size (a write cut short), the weights' safetensors header or the trainer state

@@ -20,11 +20,10 @@ import json
 import shutil
 from pathlib import Path
 
-from magic.learner.checkpoints import COMPLETE, MODEL_ASSETS, problem, step_dir
+from magic.learner.checkpoints import COMPLETE, MODEL_ASSETS, step_dir, unusable
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes the weights can be exported in (None: as stored)."""
-CONFIG_FILES = ("config.json",)
 
 
 class ExportError(ValueError):
@@ -59,11 +58,10 @@ def find_checkpoint(data_dir: str | Path, run: str, step: int | None) -> Path:
             raise ExportError(listing)
         step = steps[-1]
     d = step_dir(root, step)
-    if step not in steps:
-        what = "is incomplete (no COMPLETE marker: its write was cut short)" if d.is_dir() else "does not exist"
-        raise ExportError(f"the checkpoint of step {step} {what}; {listing}")
-    if (why := problem(d)) is not None:
-        raise ExportError(f"the checkpoint of step {step} is unreadable ({why}); {listing}")
+    if not d.is_dir():
+        raise ExportError(f"the checkpoint of step {step} does not exist; {listing}")
+    if (why := unusable(d)) is not None:
+        raise ExportError(f"the checkpoint of step {step}: {why}; {listing}")
     return d
 
 

@@ -86,16 +86,14 @@ def load_engine(model_dir: str | Path, weights: dict | None = None, max_batch_se
     from magic import modeling  # heavy (torch)
     from magic.rollout.engine import TorchEngine
 
-    from magic.learner.checkpoints import COMPLETE, TRAINER_STATE_FILE, problem  # safetensors.torch: heavy, as above
+    from magic.learner.checkpoints import TRAINER_STATE_FILE, unusable  # safetensors.torch: heavy, as above
 
     path = Path(model_dir)
     if not path.is_dir():
         raise EvaluationError(f"{model_dir}: no such model directory or checkpoint")
     if (path / TRAINER_STATE_FILE).exists() or path.name.startswith("step-"):  # a learner checkpoint
-        if not (path / COMPLETE).is_file():
-            raise EvaluationError(f"{model_dir}: an incomplete checkpoint (no {COMPLETE} marker: its write was cut short)")
-        if (why := problem(path)) is not None:
-            raise EvaluationError(f"{model_dir}: an unreadable checkpoint ({why})")
+        if (why := unusable(path)) is not None:
+            raise EvaluationError(f"{model_dir}: a checkpoint, but {why}")
     if not (path / "config.json").is_file():
         raise EvaluationError(f"{model_dir}: not a Hugging Face model directory or checkpoint (no config.json)")
     engine = TorchEngine(str(path), max_batch_sequences=max_batch_sequences)

@@ -8,16 +8,21 @@ import sys
 from pathlib import Path
 
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<password>[^@/\s]+)@")
+_QUERY_PASSWORD = re.compile(r"(?P<key>[?&][a-z_]*password=)[^&#\s]+")
 
 
 def redact_url(text: str) -> str:
-    """`text` with the password of every `scheme://user:password@host` URL replaced by `***`
-    (a Redis URL carries its password: MAGIC_REDIS_URL).
+    """`text` with the password of every `scheme://user:password@host` URL, and every `…password=`
+    query parameter (a Sentinel URL's `sentinel_password`), replaced by `***` (a Redis URL carries
+    its password: MAGIC_REDIS_URL).
 
     >>> redact_url("redis://:s3cret@redis:6379/0 and rediss://app:pw@h:1")
     'redis://:***@redis:6379/0 and rediss://app:***@h:1'
+    >>> redact_url("redis+sentinel://:pw@s1,s2/m?sentinel_password=spw&sentinel_username=u")
+    'redis+sentinel://:***@s1,s2/m?sentinel_password=***&sentinel_username=u'
     """
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m['key']}***", text)
 
 
 class RedactingFormatter(logging.Formatter):

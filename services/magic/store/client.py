@@ -181,9 +181,16 @@ class SentinelURL:
             username, password = unquote(user) or None, (unquote(pw) if colon else None)
         sentinels = []
         for hp in hosts.split(","):
-            host, colon, port = hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "")
+            hp = hp.strip()
+            if hp.startswith("["):  # an IPv6 address: [addr] or [addr]:port
+                addr, _, rest = hp[1:].partition("]")
+                host, colon, port = addr, rest[:1], rest[1:]
+                if rest and rest[:1] != ":":
+                    host = ""
+            else:
+                host, colon, port = hp.rpartition(":") if ":" in hp else (hp, "", "")
             if not host or (colon and not port.isdigit()):
-                raise ValueError(f"Sentinel URL: bad sentinel address {hp!r} (host[:port], comma-separated)")
+                raise ValueError(f"Sentinel URL: bad sentinel address {hp!r} (host[:port] or [ipv6][:port], comma-separated)")
             sentinels.append((host, int(port) if colon else SENTINEL_PORT))
         parts = [p for p in path.split("/") if p]
         if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):

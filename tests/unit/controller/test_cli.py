@@ -122,10 +122,10 @@ def _dataset(tmp_path, ground_truth="7"):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["-k", "0"], "--samples must be at least 1, got 0"),
-        (["-k", "2", "--pass-k", "3"], "--pass-k must be between 1 and --samples = 2"),
-        (["--T", "0"], "--T must be at least 1"),
-        (["--temperature", "0"], "--temperature must be in (0, 10]"),
+        (["-k", "0"], "--samples: Input should be greater than or equal to 1, got 0"),
+        (["-k", "2", "--pass-k", "3"], "pass_k = 3 exceeds samples = 2"),
+        (["--T", "0"], "--T: Input should be greater than or equal to 1"),
+        (["--temperature", "0"], "--temperature: Input should be greater than 0"),
     ],
 )
 def test_eval_refuses_bad_flags(tmp_path, capsys, flags, message):
@@ -150,7 +150,7 @@ def test_eval_refuses_an_unknown_model_and_an_incomplete_checkpoint(tmp_path, ca
     step.mkdir()
     (step / "config.json").write_text("{}")
     assert main(["eval", "--local", str(step), "-d", data]) == Exit.usage
-    assert "an incomplete checkpoint (no COMPLETE marker" in capsys.readouterr().err
+    assert "a checkpoint, but it is incomplete (no COMPLETE marker" in capsys.readouterr().err
 
 
 # -- magic eval --run: through the controller ------------------------------------------------------
@@ -169,8 +169,8 @@ def test_eval_refuses_an_unknown_model_and_an_incomplete_checkpoint(tmp_path, ca
         (["eval", "--run", "r"], "--run needs at least one registered dataset"),
         (["eval", "--run", "r", "--id", "3", "-d", "aime"], "--id follows eval 3 as it was posted"),
         (["eval", "--run", "r", "-d", "aime", "--out", "x.json"], "--out writes the figures once the eval is done: add --wait"),
-        (["eval", "--run", "r", "-d", "aime", "-k", "0"], "--samples must be at least 1"),
-        (["eval", "--run", "r", "-d", "aime", "-k", "2", "--pass-k", "4"], "--pass-k must be between 1 and --samples = 2"),
+        (["eval", "--run", "r", "-d", "aime", "-k", "0"], "--samples: Input should be greater than or equal to 1"),
+        (["eval", "--run", "r", "-d", "aime", "-k", "2", "--pass-k", "4"], "pass_k = 4 exceeds samples = 2"),
         (["eval", "--run", "r", "-d", "aime", "--wait", "--interval", "0"], "--interval must be positive"),
     ],
 )

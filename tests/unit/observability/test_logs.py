@@ -33,3 +33,8 @@ def test_formatter_redacts_arguments_and_tracebacks():
     text = stream.getvalue()
     assert "hunter2" not in text
     assert "redis://:***@redis:6379/0" in text and "redis://app:***@10.0.0.5:6379/0" in text
+
+
+def test_redact_url_hides_a_sentinel_password_in_the_query():
+    url = "redis+sentinel://:pw@s1:26379,s2/magic/0?sentinel_password=s3nt&sentinel_username=mon"
+    assert redact_url(f"up (redis {url})") == "up (redis redis+sentinel://:***@s1:26379,s2/magic/0?sentinel_password=***&sentinel_username=mon)"

@@ -14,6 +14,10 @@ def test_a_full_url():
     assert (u.sentinel_username, u.sentinel_password, u.tls) == ("su", "spw", False)
 
 
+def test_ipv6_sentinels_in_brackets():
+    assert SentinelURL.parse("redis+sentinel://[::1]:26380,[fd00::5]/m").sentinels == (("::1", 26380), ("fd00::5", 26379))
+
+
 def test_defaults_and_tls():
     u = SentinelURL.parse("rediss+sentinel://:pw@sentinel/mymaster")
     assert u.sentinels == (("sentinel", 26379),) and (u.master, u.db, u.username, u.password, u.tls) == ("mymaster", 0, None, "pw", True)
@@ -27,6 +31,8 @@ def test_defaults_and_tls():
     ("redis+sentinel://h/m/0/1", "the path must be"),
     ("redis+sentinel://h:port/m", "bad sentinel address"),
     ("redis+sentinel://h1,,h2/m", "bad sentinel address"),
+    ("redis+sentinel://[::1]x/m", "bad sentinel address"),
+    ("redis+sentinel://[::1]:p/m", "bad sentinel address"),
     ("redis+sentinel://h/m?password=x", "unknown options"),
 ])
 def test_malformed_urls_say_what_is_wrong(url, why):
