@@ -117,11 +117,15 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     assert [p.sampling.seed for p in val] == [p.sampling.seed for p in prompts]
     assert {k: v for k, v in figures["held"].items() if k != "seconds"} == {k: v for k, v in f.items() if k != "seconds"}
     assert runs["v"].validations() == {2: figures} and runs["v"].eval("1") == done
-    # a replay of a finished eval's group is acknowledged and not counted
+    # a finished eval leaves no group digests behind; a late replay of its group is acknowledged,
+    # not counted and not dead-lettered
+    assert not r.exists(rk.groups("eval:1"))
+    dead_before = r.xlen(rk.dead)
     _, first = next(iter(Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)))
     r.xadd(rk.estimates, codec.encode(first))
     receive(v2)
     assert runs["v"].evaluation_progress("eval:1") == (0, {}) and runs["v"].eval("1") == done
+    assert r.xlen(rk.dead) == dead_before and r.xpending(rk.estimates, "controller")["pending"] == 0
     # an eval whose dataset is gone fails on its own; the run goes on
     second = runs["v"].create_eval({"datasets": ["held"], "samples": 2, "max_prompts": 1})
     registry.delete("held")

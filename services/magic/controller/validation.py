@@ -223,6 +223,9 @@ class Validation:
         by_scope: dict[str, dict[str, str]] = {}
         for entry, group in batch:
             prompt = group.rollout.prompt
+            head = prompt.group_id.split(":", 2)
+            if len(head) == 3 and head[0] == "eval" and (ended := self.store.eval(head[1])) is not None and ended.get("status") not in EVAL_OPEN:
+                continue  # a replay of a finished eval (its group digests went with it: `RunStore.end_eval`)
             if (problem := self.steps.check_group(prompt)) is not None or len(group.scores) != prompt.sampling.n:
                 self.estimates.dead_letter(entry, problem or f"held-out group {prompt.group_id}: {len(group.scores)} scores for {prompt.sampling.n} samples")
                 continue

@@ -420,13 +420,14 @@ class RunStore:
         pipe.hset(self.keys.evals, record["id"], json.dumps(record))
 
     def end_eval(self, eval_id: str, figures: dict[str, dict] | None = None, error: str | None = None) -> None:
-        """Evaluation `eval_id` is done (`figures`) or failed (`error`); its per-group outcomes are dropped."""
+        """Evaluation `eval_id` is done (`figures`) or failed (`error`); its per-group outcomes and
+        group digests are dropped (a late replay of its groups is only acknowledged)."""
         record = self.eval(eval_id) or {"id": eval_id}
         record.update(status="failed" if error else "done", finished_at=time.time())
         record.update({"error": error[:4000]} if error else {"figures": figures})
         with self.writer.transaction() as tx:
             tx.hset(self.keys.evals, eval_id, json.dumps(record, sort_keys=True))
-            tx.delete(self.keys.evaluation(eval_scope(eval_id)))
+            tx.delete(self.keys.evaluation(eval_scope(eval_id)), self.keys.groups(eval_scope(eval_id)))
 
     # -- metrics -----------------------------------------------------------------------------
 
