@@ -14,10 +14,9 @@ before it is known (a restarted learner leaves a gap, not a drop to 0).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from functools import lru_cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,6 +31,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.metrics import MetricWrapperBase
+
+from magic.runtime import httpserver
 
 log = logging.getLogger(__name__)
 
@@ -244,42 +245,18 @@ def serve_http(
     registry: CollectorRegistry = REGISTRY,
     stalled: Callable[[], str | None] = lambda: None,
 ) -> ThreadingHTTPServer:
-    """Serve /metrics, /livez and /readyz on `port` from a daemon thread; returns the server (its
-    `server_address` has the real port when `port` is 0). The port serves nothing else, so it can
-    be opened to Prometheus alone (the reward service's POST /v1/score has its own port:
-    `magic.reward.api.serve_score`). /livez answers 503 with the reason while `stalled()` says why
-    the process is hung (`magic.runtime.liveness.LoopWatch.stalled`). A connection idle (or
-    sending its request slower) than `idle_timeout_seconds` is closed, so idle clients cannot pin
-    threads."""
+    """Serve GET /metrics, /livez and /readyz on `port` (`magic.runtime.httpserver`); returns the
+    server. The port serves nothing else, so it can be opened to Prometheus alone (the reward
+    service's POST /v1/score has its own port: `magic.reward.api.serve_score`). /livez answers 503
+    with the reason while `stalled()` says why the process is hung
+    (`magic.runtime.liveness.LoopWatch.stalled`)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = idle_timeout_seconds  # socket timeout of each connection (StreamRequestHandler)
+    def livez() -> tuple[int, bytes, str]:
+        why = stalled()
+        return (200, b"ok\n", "text/plain") if why is None else (503, f"hung: {why}\n".encode(), "text/plain")
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server API)
-            if self.path.startswith("/metrics"):
-                body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-            elif self.path == "/livez":
-                why = stalled()
-                body, status, ctype = (b"ok\n", 200, "text/plain") if why is None else (f"hung: {why}\n".encode(), 503, "text/plain")
-            elif self.path == "/readyz":
-                ok = ready()
-                body, status, ctype = (b"ready\n", 200, "text/plain") if ok else (b"not ready\n", 503, "text/plain")
-            else:
-                body, status, ctype = b"not found\n", 404, "text/plain"
-            self._reply(status, body, ctype)
+    def readyz() -> tuple[int, bytes, str]:
+        return (200, b"ready\n", "text/plain") if ready() else (503, b"not ready\n", "text/plain")
 
-        def _reply(self, status: int, body: bytes, ctype: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args) -> None:  # keep probes out of the logs
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics", host, server.server_address[1])
-    return server
+    routes = {"/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST), "/livez": livez, "/readyz": readyz}
+    return httpserver.serve(port, "metrics-http", get=routes, host=host, idle_timeout_seconds=idle_timeout_seconds)

@@ -25,22 +25,19 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import threading
-from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
+from http.server import ThreadingHTTPServer
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.scoring import Sample, Scorer
+from magic.runtime import httpserver
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
 PATH = "/v1/score"
-
-PostHandler = Callable[[bytes, Mapping[str, str]], tuple[int, bytes, str]]
-"""A POST route: (request body, request headers) -> (status, response body, content type)."""
 
 
 class SampleIn(BaseModel):
@@ -133,44 +130,9 @@ def _error(status: int, message: str) -> tuple[int, bytes, str]:
 
 
 def serve_score(
-    port: int, handler: PostHandler, host: str = "0.0.0.0", max_body_bytes: int = 64 * 1024 * 1024, idle_timeout_seconds: float = 30.0
+    port: int, handler: httpserver.PostRoute, host: str = "0.0.0.0", max_body_bytes: int = 64 * 1024 * 1024, idle_timeout_seconds: float = 30.0
 ) -> ThreadingHTTPServer:
-    """Serve POST /v1/score (`handler`, e.g. `ScoreAPI.handle`) on `port` from a daemon thread, and
-    nothing else: every other request is 404 (the probes and /metrics are on the metrics port).
-    Returns the server (its `server_address` has the real port when `port` is 0). A body needs a
-    Content-Length (411) of at most `max_body_bytes` (413); a connection idle longer than
-    `idle_timeout_seconds` is closed, so idle clients cannot pin threads."""
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = idle_timeout_seconds  # socket timeout of each connection (StreamRequestHandler)
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server API)
-            self._reply(404, b"not found: this port serves POST /v1/score only\n", "text/plain")
-
-        def do_POST(self) -> None:  # noqa: N802 (http.server API)
-            if self.path.split("?", 1)[0] != PATH:
-                return self._reply(404, b"not found\n", "text/plain")
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                return self._reply(411, b"a Content-Length header is required\n", "text/plain")
-            if int(length) > max_body_bytes:
-                self.close_connection = True
-                return self._reply(413, f"request body over {max_body_bytes} bytes\n".encode(), "text/plain")
-            status, body, ctype = handler(self.rfile.read(int(length)), self.headers)
-            self._reply(status, body, ctype)
-
-        def _reply(self, status: int, body: bytes, ctype: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="score-http", daemon=True).start()
-    log.info("POST /v1/score on http://%s:%d", host, server.server_address[1])
-    return server
+    """Serve POST /v1/score (`handler`, e.g. `ScoreAPI.handle`) on `port` and nothing else
+    (`magic.runtime.httpserver`: every other request is 404; the probes and /metrics are on the
+    metrics port); returns the server."""
+    return httpserver.serve(port, "score-http", post={PATH: handler}, host=host, max_body_bytes=max_body_bytes, idle_timeout_seconds=idle_timeout_seconds)
