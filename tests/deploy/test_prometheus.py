@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.deploy, pytest.mark.e2e]
 SCRAPE_SECONDS = 1
 RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"  # Grafana's $__rate_interval: max(4 x scrape interval, step + scrape interval)
 STAGES = [{"name": "short", "steps": 2, "T": 12, "D_R": 8, "gs": 4, "lr": 1e-3}, {"name": "long", "steps": 2, "T": 24, "D_R": 8, "gs": 4, "lr": 1e-3}]
+VALIDATION = {"datasets": ["held"], "every": 2, "k": 2, "max_prompts": 4}
+"""Held-out validation every 2 steps: the held-out panels are checked against real series."""
 """D_R = 8 groups of 4 at about 20% accuracy: a step with no group to train on (all rewards
 equal in every group) has probability about 0.41^8 < 0.1%."""
 
@@ -168,7 +170,7 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
         start = time.time()
         assert api.post("/v1/datasets", json={"name": "held", "path": str(data)}).status_code == 201  # the held-out curve's panels
         resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES,
-                                          "validation": {"datasets": ["held"], "every": 2, "k": 2, "max_prompts": 4}})
+                                          "validation": VALIDATION})
         assert resp.status_code == 201, resp.text
         score_code(score_port)  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
@@ -265,8 +267,9 @@ def test_system_figures_count_the_workers_and_streams(scraped_run):
     live = {s["metric"]["service"]: finite_values([s]) for s in scraped_run('max by (service) (magic_live_workers{component="controller"})')}
     assert {k: max(v) for k, v in live.items()} == {"rollout": 1, "reward": 1, "learner": 1}
     lengths = {s["metric"]["stream"]: max(finite_values([s])) for s in scraped_run('max by (stream) (magic_stream_length{component="controller"})')}
-    # retention trims each work stream to what its consumers still need: never more than one step's prompts
-    assert 0 <= lengths["prompts"] <= max(s["D_R"] for s in STAGES) and lengths["dead"] == 0  # sampled again when the run ends
+    # retention trims each work stream to what its consumers still need: never more than one step's
+    # prompts and the held-out prompts validated at its boundary
+    assert 0 <= lengths["prompts"] <= max(s["D_R"] for s in STAGES) + VALIDATION["max_prompts"] and lengths["dead"] == 0  # sampled again when the run ends
     assert max(values(scraped_run, 'sum(magic_rollout_tokens_total{component="rollout"})')) > 0
 
 
