@@ -11,6 +11,7 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from held_out import held_file, receive, score
 
 from magic.config.schema import DatasetSpec, RunSpec
 from magic.controller.app import create_app
@@ -26,47 +27,8 @@ from magic.store.streams import Stream
 
 pytestmark = pytest.mark.integration
 
-CORRECT = {"held:1": [1, 0, 0, 0], "held:2": [0, 0, 0, 0], "held:3": [1, 1, 1, 1]}
-"""Correct samples per prompt the fake reward service reports (n = 4)."""
-
 TOKEN = "t0ken-for-the-eval-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def held_file(tmp_path):
-    held = tmp_path / "held.jsonl"
-    held.write_text("".join(json.dumps({"prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}}) + "\n" for i in range(1, 4)))
-    return held
-
-
-def score(r, run: str, forged: bool = False, stop_after: int | None = None) -> int:
-    """Score every published held-out group not scored yet (as the reward service does: to
-    `estimates`, n samples with the correctness of CORRECT); returns how many it scored."""
-    rk = keys.RunKeys(run)
-    done = {g.rollout.prompt.group_id for _, g in Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)}
-    n = 0
-    for _, prompt in Stream(r, rk.prompts).read_after("0", pb.PromptGroup):
-        if prompt.kind != pb.GROUP_KIND_VALIDATE or prompt.group_id in done or (stop_after is not None and n >= stop_after):
-            continue
-        group = pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=prompt))
-        for i, c in enumerate(CORRECT[prompt.prompt_uid][: prompt.sampling.n]):
-            group.rollout.samples.add(response_ids=[1] * (3 + i), finish_reason=pb.FINISH_REASON_LENGTH if i == 3 else pb.FINISH_REASON_STOP, policy_version=prompt.policy_version)
-            group.scores.add(correctness=float(c), reward=float(c))
-        r.xadd(rk.estimates, codec.encode(group))
-        n += 1
-    if forged:  # a redelivered copy of a group already counted, and a group the controller never published
-        _, first = next(iter(Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)))
-        r.xadd(rk.estimates, codec.encode(first))
-        fake = pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=pb.PromptGroup(run_id=run, group_id="eval:1:held:00000", kind=pb.GROUP_KIND_VALIDATE, policy_version=2, prompt_uid="held:1", sampling=pb.SamplingParams(n=4))))
-        r.xadd(rk.estimates, codec.encode(fake))
-    return n
-
-
-def receive(v: Validation) -> None:
-    """The driver's routing of the `estimates` stream outside the difficulty estimation."""
-    batch = [(e, g) for e in v.estimates.read(count=100, block_ms=None) if (g := v.estimates.decode(e, pb.ScoredGroup)) is not None]
-    if batch:
-        v.receive(batch)
 
 
 def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, tmp_path):
@@ -95,7 +57,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     # published again, and each group counts once (replays and a forged group included)
     v2 = validation()
     calls: list[int] = []
-    done = v2.run_eval(spec, running, 3, 0, 99, tick=lambda: (calls.append(1), score(r, "v", forged=not calls[1:]), receive(v2)))
+    done = v2.run_eval(spec, running, 3, 0, 99, tick=lambda: (calls.append(1), score(r, "v", forged="eval:1:held:00000" if not calls[1:] else None), receive(v2)))
     prompts = [p for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
     assert [p.group_id for p in prompts] == ["eval:1:held:00000", "eval:1:held:00001", "eval:1:held:00002"]
     assert all(p.kind == pb.GROUP_KIND_VALIDATE and p.policy_version == 2 and p.sampling.n == 4 and p.sampling.max_tokens == 16 for p in prompts)

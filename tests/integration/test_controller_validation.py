@@ -4,15 +4,15 @@ restarted controller), forged groups dead-lettered, figures equal to the hand-co
 
 from __future__ import annotations
 
-import json
 
 import pytest
+from held_out import held_file, receive, score
 
 from magic.config.schema import DatasetSpec, RunSpec
 from magic.controller.datasets import DatasetRegistry
 from magic.controller.settings import ControllerSettings
 from magic.controller.validation import Validation
-from magic.protocol import codec, keys
+from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.datasets import DatasetIndex
 from magic.store.runs import Runs
@@ -20,16 +20,10 @@ from magic.store.streams import Stream
 
 pytestmark = pytest.mark.integration
 
-CORRECT = {"held:1": [1, 0, 0, 0], "held:2": [0, 0, 0, 0], "held:3": [1, 1, 1, 1]}
-"""Correct samples per prompt the fake reward service reports (n = 4)."""
-
-
 @pytest.fixture
 def world(r, tmp_path):
-    held = tmp_path / "held.jsonl"
-    held.write_text("".join(json.dumps({"prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}}) + "\n" for i in range(1, 4)))
     registry = DatasetRegistry(DatasetIndex(r))
-    registry.register(DatasetSpec(name="held", path=str(held)))
+    registry.register(DatasetSpec(name="held", path=str(held_file(tmp_path))))
     spec = RunSpec(name="v", model="m", datasets=["held"], stages=[{"steps": 4, "T": 16, "D_R": 2, "gs": 2}], validation={"datasets": ["held"], "every": 2, "k": 4, "pass_k": 2})
     runs = Runs(r, tmp_path / "data")
     runs.create(spec)
@@ -41,50 +35,20 @@ def world(r, tmp_path):
     return r, runs, spec, validation
 
 
-def reward_service(r, forged: bool = False, stop_after: int | None = None) -> int:
-    """Score every published validation group not scored yet (as the reward service does: to
-    `estimates`); returns how many it scored."""
-    rk = keys.RunKeys("v")
-    done = {g.rollout.prompt.group_id for _, g in Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)}
-    n = 0
-    for _, prompt in Stream(r, rk.prompts).read_after("0", pb.PromptGroup):
-        if prompt.group_id in done or (stop_after is not None and n >= stop_after):
-            continue
-        group = pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=prompt))
-        for i, c in enumerate(CORRECT[prompt.prompt_uid]):
-            group.rollout.samples.add(response_ids=[1] * (3 + i), finish_reason=pb.FINISH_REASON_LENGTH if i == 3 else pb.FINISH_REASON_STOP)
-            group.scores.add(correctness=float(c), reward=float(c))
-        r.xadd(rk.estimates, codec.encode(group))
-        n += 1
-    if forged:  # a redelivered copy of a group already counted, and a group the controller never published
-        _, first = next(iter(Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)))
-        r.xadd(rk.estimates, codec.encode(first))
-        fake = pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=pb.PromptGroup(run_id="v", group_id="val:2:held:00000", kind=pb.GROUP_KIND_VALIDATE, policy_version=2, prompt_uid="held:1", sampling=pb.SamplingParams(n=4))))
-        r.xadd(rk.estimates, codec.encode(fake))
-    return n
-
-
-def receive(v: Validation) -> None:
-    """The driver's routing of the `estimates` stream outside the difficulty estimation."""
-    batch = [(e, g) for e in v.estimates.read(count=100, block_ms=None) if (g := v.estimates.decode(e, pb.ScoredGroup)) is not None]
-    if batch:
-        v.receive(batch)
-
-
 def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     r, runs, spec, validation = world
     rk = keys.RunKeys("v")
     v1 = validation()
     # the first controller publishes version 2's groups, two are scored, then it "dies"
     with pytest.raises(RuntimeError, match="died"):
-        v1.run(spec, 2, 0, 16, tick=lambda: (reward_service(r, stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
+        v1.run(spec, 2, 0, 16, tick=lambda: (score(r, "v", stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
     assert r.xlen(rk.prompts) == 3
     published, received = runs["v"].evaluation_progress("validation:2")
     assert published == 3 and len(received) == 2
     # a restarted controller: publishes nothing again, rereads the pending entries (replays), counts each group once
     v2 = validation()
     calls: list[int] = []
-    figures = v2.run(spec, 2, 0, 16, tick=lambda: (calls.append(1), reward_service(r, forged=not calls[1:]), receive(v2)))
+    figures = v2.run(spec, 2, 0, 16, tick=lambda: (calls.append(1), score(r, "v", forged="val:2:held:00000" if not calls[1:] else None), receive(v2)))
     assert r.xlen(rk.prompts) == 3
     prompts = [p for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
     assert [p.group_id for p in prompts] == ["val:2:held:00000", "val:2:held:00001", "val:2:held:00002"]
@@ -100,7 +64,7 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     dead = [d for _, d in Stream(r, rk.dead).read_after("0", pb.DeadLetter)]
     assert len(dead) == 1 and "differs from the one the controller published" in dead[0].reason
     # the same seeds at every version (common random numbers); a finished validation is not run again
-    v2.run(spec, 4, 0, 16, tick=lambda: (reward_service(r), receive(v2)))
+    v2.run(spec, 4, 0, 16, tick=lambda: (score(r, "v"), receive(v2)))
     seeds = {}
     for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup):
         seeds.setdefault(p.prompt_uid, set()).add(p.sampling.seed)
