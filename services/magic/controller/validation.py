@@ -223,21 +223,19 @@ class Validation:
         by_scope: dict[str, dict[str, str]] = {}
         for entry, group in batch:
             prompt = group.rollout.prompt
-            head = prompt.group_id.split(":", 2)
-            if len(head) == 3 and head[0] == "eval" and (ended := self.store.eval(head[1])) is not None and ended.get("status") not in EVAL_OPEN:
+            kind, ident, dataset = (prompt.group_id.split(":") + ["", ""])[:3]
+            record = self.store.eval(ident) if kind == "eval" else None
+            if record is not None and record.get("status") not in EVAL_OPEN:
                 continue  # a replay of a finished eval (its group digests went with it: `RunStore.end_eval`)
             if (problem := self.steps.check_group(prompt)) is not None or len(group.scores) != prompt.sampling.n:
                 self.estimates.dead_letter(entry, problem or f"held-out group {prompt.group_id}: {len(group.scores)} scores for {prompt.sampling.n} samples")
                 continue
-            kind, ident, dataset = prompt.group_id.split(":")[:3]
             if kind == "eval":
-                scope = eval_scope(ident)
-                finished = (self.store.eval(ident) or {}).get("status") not in EVAL_OPEN
+                scope = eval_scope(ident)  # published, so its record exists and is open (checked above)
             else:
                 scope = validation_scope(int(prompt.policy_version))
-                finished = self.store.validation(int(prompt.policy_version)) is not None
-            if finished:
-                continue  # a replay of a finished evaluation
+                if self.store.validation(int(prompt.policy_version)) is not None:
+                    continue  # a replay of a finished validation
             o = outcome_of(group)
             by_scope.setdefault(scope, {})[prompt.group_id] = json.dumps(
                 {"dataset": dataset, "uid": prompt.prompt_uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated}
