@@ -22,6 +22,7 @@ from magic.config.schema import RunSpec
 from magic.local.redis_server import free_port
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.store import acl
 from magic.store.streams import Stream
 
 from .conftest import NAMESPACE, RELEASE, ROOT
@@ -54,7 +55,10 @@ def render_learner(chart, redis_url: str, gpus: int, nodes: int) -> tuple[list[d
 
 @pytest.mark.parametrize("gpus, nodes", [(1, 1), (2, 1), (1, 2)], ids=["one-rank", "gpus2-nodes1", "gpus1-nodes2"])
 def test_the_rendered_learner_job_trains_like_one_process(chart, r, redis_server, tiny_model_dir, tmp_path, gpus, nodes):
-    docs, sts = render_learner(chart, redis_server.url, gpus, nodes)
+    # every rank reaches Redis as the learner's ACL user, as the chart deploys it (the test itself is the controller)
+    learner_url = acl.create_users_at(redis_server.url, {role: f"{role}-pw-0123" for role in acl.ROLES})["learner"]
+    r.acl_log_reset()
+    docs, sts = render_learner(chart, learner_url, gpus, nodes)
     assert sts["spec"]["replicas"] == nodes
     container = sts["spec"]["template"]["spec"]["containers"][0]
     assert (container.get("command") == ["torchrun"]) == (gpus * nodes > 1)
@@ -95,9 +99,10 @@ def test_the_rendered_learner_job_trains_like_one_process(chart, r, redis_server
         done: list = []
         while time.monotonic() < deadline and len(done) < STEPS:
             assert all(p.poll() is None for p, _, _ in pods), tails()
-            done = [e.step_completed for _, e in Stream(r, k.events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
+            done = [e.step_completed for _, e in Stream(r, k.events_of("learner")).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
             time.sleep(0.2)
         assert len(done) == STEPS, f"the learner job did not train {STEPS} steps\n{tails()}"
+        assert not [e for e in r.acl_log() if e["username"] == "magic-learner"], "a rank was refused by the learner's ACL"
         for _, port, _ in pods:  # every pod answers its probes, the followers' pods included
             assert httpx.get(f"http://127.0.0.1:{port}/livez", timeout=5).status_code == 200, tails()
             assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200, tails()

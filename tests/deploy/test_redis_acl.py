@@ -109,7 +109,9 @@ def test_the_file_on_disk_holds_no_password(deployed):
         ("reward", "weights", lambda c, k: c.xadd(k, {"type": "WeightUpdate", "pb": b""}), False),  # cannot announce weights
         ("reward", "scored", lambda c, k: c.xadd(k, {"type": "ScoredGroup", "pb": b""}), True),
         ("rollout", "learner", lambda c, k: c.hset(k, "last_step", 7), False),  # cannot complete a step
-        ("rollout", "events", lambda c, k: c.xadd(k, {"type": "Event", "pb": b""}), True),  # reports its own errors
+        ("rollout", "events:rollout", lambda c, k: c.xadd(k, {"type": "Event", "pb": b""}), True),  # reports its own errors
+        ("rollout", "events:learner", lambda c, k: c.xadd(k, {"type": "Event", "pb": b""}), False),  # but not as the learner
+        ("learner", "seq", lambda c, k: c.delete(k), False),  # the controller's write counter
         ("rollout", "state", lambda c, k: c.hset(k, "status", "finished"), False),
         ("rollout", "rollouts", lambda c, k: c.delete(k), False),
         ("learner", "weights", lambda c, k: c.xadd(k, {"type": "WeightUpdate", "pb": b""}), True),

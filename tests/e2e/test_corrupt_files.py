@@ -1,5 +1,6 @@
 """Files cut by a crash or a power cut: the newest checkpoint half-written (its COMPLETE marker
-present), a garbage trainer state, a half-written published weights file. A learner restarted on a
+present), a garbage trainer state, tensor data zeroed with sizes and header kept (only the
+manifest's SHA-256 tells), a half-written published weights file. A learner restarted on a
 checkpoint it cannot read falls back (to the weights it published for the same step, logged) and
 the run finishes exactly once; weights no rollout worker can load fail the run at once, naming the
 file, instead of stalling it.
@@ -44,7 +45,7 @@ def learner_stopped_at(w: World, run: str) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("damage", ["half-written weights", "garbage trainer state"])
+@pytest.mark.parametrize("damage", ["half-written weights", "garbage trainer state", "zeroed tensor data"])
 def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_finishes(world, damage):
     run = "ckpt-" + damage.split()[0]
     world.submit(run, steps=4)
@@ -53,6 +54,12 @@ def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_
         weights = ckpt / "model.safetensors"
         with weights.open("r+b") as f:
             f.truncate(weights.stat().st_size // 2)
+    elif damage == "zeroed tensor data":  # size and header kept: only the digest tells
+        weights = ckpt / "model.safetensors"
+        header, size = 8 + int.from_bytes(weights.read_bytes()[:8], "little"), weights.stat().st_size
+        with weights.open("r+b") as f:
+            f.seek(header)
+            f.write(b"\0" * (size - header))
     else:
         (ckpt / "trainer_state.json").write_text("{not json")
     world.start("learner")
@@ -61,6 +68,13 @@ def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_
     assert_exactly_once(world, run, 4, status)
     log = world.sup.get("learner").log_tail(400)
     assert f"checkpoint {ckpt} is unreadable" in log and "without a (readable) checkpoint" in log
+    if damage == "zeroed tensor data":
+        assert "model.safetensors does not match its SHA-256" in log
+        from safetensors.torch import load_file
+
+        published = sorted((Path(world.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "weights").glob("v*/model.safetensors"))
+        norm = lambda path: sum(float(t.float().norm()) ** 2 for t in load_file(str(path)).values()) ** 0.5  # noqa: E731
+        assert norm(published[-1]) > 0.5 * norm(published[0]), "the run trained on from the zeroed weights"
 
 
 def test_published_weights_no_worker_can_load_fail_the_run_at_once(world):

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 from waiting import wait_for
-from world import SERVICES, assert_exactly_once, drive, running_world
+from world import SERVICES, assert_exactly_once, dead_letters, drive, running_world
 
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model_dir):
-    with running_world(tmp_path_factory.mktemp("faults"), tiny_model_dir) as w:
+    with running_world(tmp_path_factory.mktemp("faults"), tiny_model_dir, MAGIC_CHECKPOINT_EVERY="1") as w:
         yield w
 
 
@@ -42,10 +42,11 @@ def test_fault_points_are_known():
 
 
 def test_every_service_killed_at_every_commit_point_of_the_step(world):
-    """16 crashes in one 5-step run: each service dies at each of its commit points once, several
+    """17 crashes in one 5-step run: each service dies at each of its commit points once, several
     services in the same step (their restarts overlap, which keeps the run short)."""
     plan = {
-        "learner": [f"{p}@{i}" for i, p in enumerate(["learner.collected", "learner.trained", "learner.prepared", "learner.announced", "learner.committed"])],
+        "learner": ["learner.collected@0", "learner.checkpoint_ready@0",  # the second: mid-checkpoint, on the writer's thread
+                    *(f"{p}@{i}" for i, p in enumerate(["learner.trained", "learner.prepared", "learner.announced", "learner.committed"], start=1))],
         "controller": ["controller.published@0", "controller.publishing@1", "controller.completed@2", "controller.recording@2", "controller.recorded@3", "controller.finishing@5"],
         "rollout-0": ["rollout.generated@0", "rollout.published@1", "rollout.loaded@2"],
         "reward-0": ["reward.scored@0", "reward.published@1"],
@@ -55,10 +56,10 @@ def test_every_service_killed_at_every_commit_point_of_the_step(world):
         world.restart(name, points)
     try:
         world.submit("crashes", steps=5)
-        status, fired = drive(world, "crashes", plan, timeout=400)  # 13 restarts
+        status, fired = drive(world, "crashes", plan, timeout=400)  # 17 restarts
         assert_exactly_once(world, "crashes", 5, status)
         assert sorted(fired) == sorted(p for points in plan.values() for p in points), "every armed point was reached"
-        assert world.r.xlen(keys.RunKeys("crashes").dead) == 0
+        assert not dead_letters(world.r, "crashes")
     finally:
         for name in plan:  # disarmed for the next tests
             world.restart(name)
@@ -81,17 +82,20 @@ def test_each_poison_class_on_each_stream_is_dead_lettered_and_the_run_goes_on(w
     def put(stream: str, fields: dict, why: str) -> None:
         injected[(stream, world.r.xadd(stream, fields).decode())] = why
 
-    for stream, t in ((k.prompts, b"PromptGroup"), (k.rollouts, b"RolloutGroup"), (k.scored, b"ScoredGroup"), (k.events, b"Event")):
+    for stream, t in ((k.prompts, b"PromptGroup"), (k.rollouts, b"RolloutGroup"), (k.scored, b"ScoredGroup"), (k.events_of("rollout"), b"Event")):
         put(stream, _entry(t, garbage), "poison message")  # bytes that do not parse
         put(stream, {b"junk": b"1"}, "lacks the 'type' or 'pb' field")  # not an entry of ours
     # one message's bytes sent as another type: they parse, with fields the type does not define
     put(k.prompts, _entry(b"PromptGroup", event_bytes), "fields it does not define")  # an Event's bytes sent as a PromptGroup
-    put(k.events, _entry(b"Event", prompt.SerializeToString()), "fields it does not define")  # a PromptGroup's bytes sent as an Event
+    put(k.events_of("reward"), _entry(b"Event", prompt.SerializeToString()), "fields it does not define")  # a PromptGroup's bytes sent as an Event
     put(k.prompts, codec.encode(prompt), "never published")  # decodes, n = 0: the engine would refuse it
     put(k.rollouts, codec.encode(pb.RolloutGroup(prompt=prompt)), "never published")
     put(k.scored, codec.encode(pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=prompt))), "never published")
-    put(k.events, codec.encode(pb.Event(run_id=run, at=1.0, step_completed=pb.StepCompleted(step=7))), "has committed step")
-    put(k.events, codec.encode(pb.Event(run_id="other", at=1.0, step_completed=pb.StepCompleted(step=0))), "event of run 'other'")
+    put(k.events_of("learner"), codec.encode(pb.Event(run_id=run, at=1.0, step_completed=pb.StepCompleted(step=7))), "has committed step")
+    put(k.events_of("reward"), codec.encode(pb.Event(run_id=run, at=1.0, step_completed=pb.StepCompleted(step=0))), "only the learner completes steps")
+    put(k.events_of("rollout"), codec.encode(pb.Event(run_id=run, at=1.0, worker_error=pb.WorkerError(service="learner", message="forged"))), "naming service 'learner'")
+    put(k.events_of("reward"), {b"type": b"Event", b"pb": b"x" * (65 << 10)}, "over 65536")
+    put(k.events_of("learner"), codec.encode(pb.Event(run_id="other", at=1.0, step_completed=pb.StepCompleted(step=0))), "event of run 'other'")
     wait_for(lambda: world.r.hexists(k.groups(0), "0:00000"), 60, "step 0 to be published")
     put(k.scored, codec.encode(pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=forged_real_id, samples=[pb.Sample()]), scores=[pb.Score(reward=1)])),
         "differs from the one the controller published")  # a real group id with forged content
@@ -101,7 +105,7 @@ def test_each_poison_class_on_each_stream_is_dead_lettered_and_the_run_goes_on(w
 
     status, _ = drive(world, run, {}, timeout=90)
     assert_exactly_once(world, run, 2, status)
-    dead = [d for _, d in Stream(world.r, k.dead).read_after("0", pb.DeadLetter, count=1000)]
+    dead = dead_letters(world.r, run)
     by_entry = Counter((d.stream, d.entry_id) for d in dead)
     for (stream, entry_id), why in injected.items():
         assert by_entry[(stream, entry_id)] == 1, (stream, why, [d.reason for d in dead])
@@ -121,7 +125,7 @@ def test_redis_killed_and_restarted_from_its_aof_mid_step(world):
     world.server.start()
     status, _ = drive(world, run, {}, timeout=120)
     assert_exactly_once(world, run, 3, status)
-    assert world.r.xlen(k.dead) == 0
+    assert not dead_letters(world.r, run)
     assert all(s.proc.poll() is None for s in world.sup.services), "every service reconnected instead of exiting"
 
 

@@ -74,7 +74,7 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
     versions = [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)]
     assert versions == [4]
     assert r.xlen(k.prompts) == 0 and r.xlen(k.rollouts) == 0
-    assert r.xlen(k.dead) == 0
+    assert sum(r.xlen(d) for d in k.dead_streams()) == 0
     assert int(r.hget(k.weight_versions, "rollout-0")) == 4
 
     # the JSONL log holds the same records
@@ -90,12 +90,17 @@ def test_poison_prompt_is_dead_lettered_and_the_run_goes_on(cluster, tiny_model_
     data = tmp / "train.jsonl"
     task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(4, 0, 10, 0)["train"])])
     r = redis.Redis.from_url(server.url)
-    r.xadd(keys.RunKeys("poison").prompts, {b"type": b"PromptGroup", b"pb": b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"})
-    spec = {"name": "poison", "model": str(tiny_model_dir), "train_files": [str(data)], "stages": [{"steps": 1, "T": 8, "D_R": 2, "gs": 2}]}
+    poison = {b"type": b"PromptGroup", b"pb": b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"}
+    spec = {"name": "poison", "model": str(tiny_model_dir), "train_files": [str(data)], "stages": [{"steps": 2, "T": 8, "D_R": 2, "gs": 2}]}
+    r.xadd(keys.RunKeys("poison").prompts, poison)  # before the run exists: its key is squatted, the run refused
+    refused = api.post("/v1/runs", json=spec)
+    assert refused.status_code == 409 and "magic:{poison}:prompts (a stream)" in refused.json()["detail"], refused.text
+    r.delete(keys.RunKeys("poison").prompts)
     assert api.post("/v1/runs", json=spec).status_code == 201
+    r.xadd(keys.RunKeys("poison").prompts, poison)
     status = wait_for(lambda: (s := api.get("/v1/runs/poison").json())["status"] in ("finished", "failed") and s, 120, "the run", sup)
     assert status["status"] == "finished", status.get("error")
-    dead = r.xrange(keys.RunKeys("poison").dead)
+    dead = r.xrange(keys.RunKeys("poison").dead_of("rollout"))
     assert len(dead) == 1
 
 

@@ -49,7 +49,7 @@ def paused(pid: int) -> bool:
 def second_controller(w: World) -> httpx.Client:
     """Another controller process (another pod) on its own port: it drives once the first one's lease expires."""
     port = free_port()
-    w.sup.start("controller-b", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_LEASE_SECONDS": LEASE, "MAGIC_TRIM_STREAMS": "false"})
+    w.sup.start("controller-b", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_LEASE_SECONDS": LEASE, "MAGIC_TRIM_STREAMS": "false", **w.role_env("controller")})
     return httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
 
 
@@ -133,7 +133,7 @@ def test_a_learner_paused_past_its_lease_writes_nothing(world, point):
     world.submit(run, steps=4)
     a = world.sup.get("learner")
     wait_for(lambda: paused(a.proc.pid), 90, f"learner A to pause at {point}")
-    world.sup.start("learner-b", "magic.learner")
+    world.sup.start("learner-b", "magic.learner", world.role_env("learner"))
     wait_for(lambda: recorded(world, run) >= 3, 120, "learner B to train on")
     os.kill(a.proc.pid, signal.SIGCONT)
     status = finish(world, run, world.api)
@@ -162,6 +162,6 @@ def test_forged_and_mistyped_weight_announcements_are_dead_lettered(world):
     world.restart("learner")
     status = finish(world, run, world.api)
     assert_exactly_once(world, run, 3, status)
-    reasons = [d.reason for _, d in Stream(world.r, k.dead).read_after("0", pb.DeadLetter)]
+    reasons = [d.reason for _, d in Stream(world.r, k.dead_of("rollout")).read_after("0", pb.DeadLetter)]
     assert any("epoch 0 was never a learner lease's epoch" in r for r in reasons), reasons
     assert any("fields it does not define" in r for r in reasons), reasons

@@ -1,5 +1,6 @@
 """The fault suites' world: the four services as processes over a real Redis whose AOF is fsynced on
-every write, and what every fault case asserts of a run (its promise: each step once)."""
+every write, each service as its role's ACL user (as the chart deploys them), and what every fault
+case asserts of a run (its promise: each step once; no service ever refused by an ACL)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,18 @@ from magic.local.redis_server import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.store import acl
 from magic.store.streams import Stream
 
 SERVICES = {"controller": "magic.controller", "learner": "magic.learner", "rollout-0": "magic.rollout", "reward-0": "magic.reward"}
+PASSWORDS = {role: f"{role}-pw-e2e" for role in acl.ROLES}
+"""Each role's ACL user's password (the users come from an ACL file, so they outlive restarts)."""
 D_R, GS = 2, 2
 
 
 class AofRedis:
-    """A redis-server with its AOF fsynced on every write, restartable on the same port."""
+    """A redis-server with its AOF fsynced on every write, restartable on the same port, with the
+    roles' ACL users from an ACL file (`magic.store.acl`; the default user stays the admin's)."""
 
     def __init__(self, workdir: Path):
         self.dir = workdir
@@ -38,12 +43,16 @@ class AofRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def role_url(self, role: str) -> str:
+        return acl.url_for(self.url, role, PASSWORDS[role])
+
     def start(self, aof: bool = True) -> "AofRedis":
         """Start (again, on the same port); `aof=False` loads `dump.rdb` instead (an operator's restore:
         Redis 7 with its AOF on and no AOF files starts empty)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "users.acl").write_text(acl.acl_file(PASSWORDS))
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "", "--aclfile", str(self.dir / "users.acl"),
              "--appendonly", "yes" if aof else "no", "--appendfsync", "always"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -78,8 +87,12 @@ class World:
     data: Path
     model: Path
 
+    def role_env(self, name: str) -> dict[str, str]:
+        """The Redis URL of service `name`'s role ("rollout-0" -> the rollout user)."""
+        return {"MAGIC_REDIS_URL": self.server.role_url(name.split("-")[0])}
+
     def start(self, name: str, fault_points: list[str] | None = None) -> None:
-        env = {"MAGIC_FAULT_POINTS": ",".join(fault_points or [])}
+        env = {"MAGIC_FAULT_POINTS": ",".join(fault_points or []), **self.role_env(name)}
         if name == "controller":
             env |= {"MAGIC_PORT": str(self.port), "MAGIC_LEASE_SECONDS": "1.5", "MAGIC_TRIM_STREAMS": "false"}  # the checks audit the streams' history
         self.sup.start(name, SERVICES[name], env)
@@ -123,10 +136,33 @@ def running_world(tmp: Path, model: Path, **env: str) -> Iterator[World]:
     try:
         for name in SERVICES:
             w.start(name)
+        w.r.acl_log_reset()
         yield w
+        assert_no_refusal(w.r)
     finally:
         w.sup.stop_all()
         server.stop()
+
+
+ATTACKER = "attacker"
+"""The client name of a test's hostile connections (their refusals are the test's, not a service's)."""
+
+
+def attacker(w: World, role: str) -> redis.Redis:
+    """A connection holding `role`'s credentials, as a process that stole them would have."""
+    return redis.Redis.from_url(w.server.role_url(role), client_name=ATTACKER)
+
+
+def assert_no_refusal(r: redis.Redis) -> None:
+    """No service was refused a command by its role's ACL (Redis's ACL LOG: user, command, key)."""
+    refused = [(e["username"], e["reason"], e["object"], info.get("cmd"))
+               for e in r.acl_log(count=1000) if e["username"] != "default" and (info := e["client-info"]).get("name") != ATTACKER]
+    assert not refused, f"a service was refused by its ACL: {refused}"
+
+
+def dead_letters(r: redis.Redis, run: str) -> list[pb.DeadLetter]:
+    """Every dead letter of `run`, of every role."""
+    return [d for key in keys.RunKeys(run).dead_streams() for _, d in Stream(r, key).read_after("0", pb.DeadLetter, count=10_000)]
 
 
 def drive(w: World, run: str, fault_plan: dict[str, list[str]], timeout: float = 150) -> tuple[dict, list[str]]:
@@ -161,7 +197,7 @@ def assert_exactly_once(w: World, run: str, steps: int, status: dict, api: httpx
     records = (api or w.api).get(f"/v1/runs/{run}/metrics").json()
     assert [x["step"] for x in records] == list(range(steps))
     assert all(x["samples"] == D_R * GS and x["version_mismatch"] == 0 for x in records)
-    completed = Counter(e.step_completed.step for _, e in Stream(w.r, k.events).read_after("0", pb.Event, count=10_000, poison=lambda *_: None)
+    completed = Counter(e.step_completed.step for _, e in Stream(w.r, k.events_of("learner")).read_after("0", pb.Event, count=10_000, poison=lambda *_: None)
                         if e.HasField("step_completed") and e.run_id == run and e.source.startswith("learner"))  # not the forged ones
     assert completed == {s: 1 for s in range(steps)}
     versions = [u.version for _, u in Stream(w.r, k.weights).read_after("0", pb.WeightUpdate, poison=lambda *_: None) if u.run_id == run and u.epoch > 0]
@@ -170,6 +206,6 @@ def assert_exactly_once(w: World, run: str, steps: int, status: dict, api: httpx
                         if g.run_id == run and w.r.hexists(k.groups(g.step), g.group_id))
     assert published == {s: D_R for s in range(steps)}
     assert w.r.xpending(k.scored, "learner")["pending"] == 0
-    assert w.r.xpending(k.events, "controller")["pending"] == 0
+    assert w.r.xpending(k.events_of("learner"), "controller")["pending"] == 0
 
 

@@ -270,7 +270,7 @@ def test_status_reports_a_failed_step_with_its_error(client, r, tiny_model_dir, 
 
     client.post("/v1/runs", json=run_spec(tiny_model_dir, data), headers=AUTH)
     wait_status(client, "r1", "running")
-    Stream(r, keys.RunKeys("r1").events).add(pb.Event(run_id="r1", source="learner-0", worker_error=pb.WorkerError(service="learner", message="loss is NaN at step 0")))
+    Stream(r, keys.RunKeys("r1").events_of("learner")).add(pb.Event(run_id="r1", source="learner-0", worker_error=pb.WorkerError(service="learner", message="loss is NaN at step 0")))
     body = wait_status(client, "r1", "failed")
     assert "loss is NaN" in body["error"] and r.get(keys.ACTIVE_RUN) is None
 

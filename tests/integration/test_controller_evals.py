@@ -68,7 +68,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     assert f["pass_at_k"] == pytest.approx((0.5 + 0 + 1) / 3)
     assert f["response_length_mean"] == pytest.approx(4.5) and f["truncated_ratio"] == pytest.approx(0.25)
     assert runs["v"].evaluation_progress("eval:1") == (0, {})  # per-group outcomes dropped once summarised
-    dead = [d for _, d in Stream(r, rk.dead).read_after("0", pb.DeadLetter)]
+    dead = [d for _, d in Stream(r, rk.dead_of("controller")).read_after("0", pb.DeadLetter)]
     assert len(dead) == 1 and "differs from the one the controller published" in dead[0].reason
     # an eval never touches the run's validation curve; a validation of the same version runs its
     # own groups with the same seeds (common random numbers) and the same figures come out
@@ -82,12 +82,12 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     # a finished eval leaves no group digests behind; a late replay of its group is acknowledged,
     # not counted and not dead-lettered
     assert not r.exists(rk.groups("eval:1"))
-    dead_before = r.xlen(rk.dead)
+    dead_before = r.xlen(rk.dead_of("controller"))
     _, first = next(iter(Stream(r, rk.estimates).read_after("0", pb.ScoredGroup)))
     r.xadd(rk.estimates, codec.encode(first))
     receive(v2)
     assert runs["v"].evaluation_progress("eval:1") == (0, {}) and runs["v"].eval("1") == done
-    assert r.xlen(rk.dead) == dead_before and r.xpending(rk.estimates, "controller")["pending"] == 0
+    assert r.xlen(rk.dead_of("controller")) == dead_before and r.xpending(rk.estimates, "controller")["pending"] == 0
     # an eval whose dataset is gone fails on its own; the run goes on
     second = runs["v"].create_eval({"datasets": ["held"], "samples": 2, "max_prompts": 1})
     registry.delete("held")
@@ -115,7 +115,7 @@ class FakeServices:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self):
-        self.r.set(keys.heartbeat("rollout", "fake-0"), json.dumps({"run": self.run}), ex=60)
+        self.beat()
         self.r.hset(keys.RunKeys(self.run).weight_versions, "fake-0", 0)
         self.thread.start()
         return self
@@ -125,8 +125,12 @@ class FakeServices:
         self.thread.join(5)
         self.r.delete(keys.heartbeat("rollout", "fake-0"))
 
+    def beat(self):
+        self.r.set(keys.heartbeat("rollout", "fake-0"), json.dumps({"run": self.run, "at": time.time()}), ex=60)
+
     def _loop(self):
         while not self.stop.wait(0.05):
+            self.beat()
             scored = score(self.r, self.run, stop_after=self.limit)
             self.limit = None if self.limit is None else self.limit - scored
 

@@ -27,7 +27,7 @@ def driver(r, tmp_path):
     assert d.lease.try_acquire()
     for step in range(3):
         d.store.update(step=step)
-    r.set(keys.RunKeys(RUN).seq, 1)  # Redis came back from an older state
+    r.set(keys.RunKeys(RUN).seq(), 1)  # Redis came back from an older state
     yield runs, d
     d.lease.release()
 
@@ -37,7 +37,7 @@ def test_a_symptom_of_lost_writes_is_reported_as_lost_data(driver):
     d._fail(KeyError("no record of step 2"))  # what the driver tripped over first
     state = runs[RUN].state()
     assert state["status"] == "failed"
-    assert state["error"].startswith("Redis lost data: ") and "write counter is 1" in state["error"] and "checkpoint" in state["error"]
+    assert state["error"].startswith("Redis lost data: ") and "write counter seq is 1" in state["error"] and "checkpoint" in state["error"]
     assert runs[RUN].durable()["status"] == "failed"
 
 

@@ -85,11 +85,11 @@ def test_sigkilled_controller_resumes_without_duplicate_or_skipped_steps(tmp_pat
         assert published == {step: D_R for step in range(STEPS)}
         versions = [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)]
         assert versions == list(range(STEPS + 1))
-        completed = [e.step_completed.step for _, e in Stream(r, k.events).read_after("0", pb.Event, count=10_000) if e.HasField("step_completed")]
+        completed = [e.step_completed.step for _, e in Stream(r, k.events_of("learner")).read_after("0", pb.Event, count=10_000) if e.HasField("step_completed")]
         assert sorted(completed) == list(range(STEPS))
-        assert r.xpending(k.events, "controller")["pending"] == 0
+        assert r.xpending(k.events_of("learner"), "controller")["pending"] == 0
         assert [s["start_step"] for s in final["stages"]] == [0, 3] and final["stages"][0]["end_step"] == 3
-        assert r.xlen(k.dead) == 0
+        assert sum(r.xlen(d) for d in k.dead_streams()) == 0
     finally:
         sup.stop_all()
         server.stop()

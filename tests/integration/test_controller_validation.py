@@ -61,7 +61,7 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     assert f["truncated_ratio"] == pytest.approx(0.25)
     assert runs["v"].validations() == {2: figures}
     assert runs["v"].evaluation_progress("validation:2") == (0, {})  # per-group outcomes dropped once summarised
-    dead = [d for _, d in Stream(r, rk.dead).read_after("0", pb.DeadLetter)]
+    dead = [d for _, d in Stream(r, rk.dead_of("controller")).read_after("0", pb.DeadLetter)]
     assert len(dead) == 1 and "differs from the one the controller published" in dead[0].reason
     # the same seeds at every version (common random numbers); a finished validation is not run again
     v2.run(spec, 4, 0, 16, tick=lambda: (score(r, "v"), receive(v2)))

@@ -36,7 +36,7 @@ def train(worker: LearnerWorker, r, run_id: str, step: int, vocab: int) -> dict[
         if worker.step > step:
             break
     assert worker.step == step + 1
-    events = [e for _, e in Stream(r, keys.RunKeys(run_id).events).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
+    events = [e for _, e in Stream(r, keys.RunKeys(run_id).events_of("learner")).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
     return dict(events[-1].step_completed.metrics)
 
 
@@ -46,17 +46,17 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model
     for run_id in ("straight", "restarted"):
         start_run(r, run_id, tiny_model_dir)
 
-    straight = LearnerWorker(RunChannels(r, "straight", settings.worker_name), settings)
+    straight = LearnerWorker(RunChannels(r, "straight", "learner", settings.worker_name), settings)
     expected = [train(straight, r, "straight", k, vocab) for k in range(3)]
     straight.close()
 
-    first = LearnerWorker(RunChannels(r, "restarted", settings.worker_name), settings)
+    first = LearnerWorker(RunChannels(r, "restarted", "learner", settings.worker_name), settings)
     for k in range(2):
         assert train(first, r, "restarted", k, vocab)["loss"] == pytest.approx(expected[k]["loss"], rel=1e-6)
     first.close()  # the process "dies"; a new one attaches to the same run
     assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000000", "step-00000001"]
 
-    second = LearnerWorker(RunChannels(r, "restarted", settings.worker_name), settings)
+    second = LearnerWorker(RunChannels(r, "restarted", "learner", settings.worker_name), settings)
     assert second.step == 2 and second.trainer.controller.coef == pytest.approx(0.02)
     got = train(second, r, "restarted", 2, vocab)
     second.close()

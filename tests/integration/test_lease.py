@@ -51,9 +51,9 @@ def test_a_write_started_before_the_lease_changed_does_nothing(r):
     assert a.try_acquire()
     with pytest.raises(LeaseLost):
         with a.transaction() as tx:
-            tx.xadd(K.events, {"type": "x", "pb": b""})
+            tx.xadd(K.events_of("learner"), {"type": "x", "pb": b""})
             r.set(K.lease("controller"), "b 99", px=5000)  # another holder took it meanwhile
-    assert r.xlen(K.events) == 0 and a.epoch is None
+    assert r.xlen(K.events_of("learner")) == 0 and a.epoch is None
 
 
 def test_a_write_whose_lease_expired_mid_transaction_does_nothing(r):
@@ -61,9 +61,9 @@ def test_a_write_whose_lease_expired_mid_transaction_does_nothing(r):
     assert a.try_acquire()
     with pytest.raises(LeaseLost):
         with a.transaction() as tx:
-            tx.xadd(K.events, {"type": "x", "pb": b""})
+            tx.xadd(K.events_of("learner"), {"type": "x", "pb": b""})
             time.sleep(0.5)  # paused past the lease inside the write: the watched key expired
-    assert r.xlen(K.events) == 0
+    assert r.xlen(K.events_of("learner")) == 0
 
 
 def test_an_ended_run_refuses_the_lease_and_every_fenced_write(r):
@@ -86,15 +86,15 @@ def test_a_redis_that_lost_writes_is_noticed_by_every_holder(r):
     assert a.try_acquire()
     for _ in range(3):
         with a.transaction() as tx:
-            tx.xadd(K.events, {"type": "x", "pb": b""})
-    assert a.seen == 3 and int(r.get(K.seq)) == 3
-    r.set(K.seq, 1)  # Redis came back from an older state
-    with pytest.raises(RedisLostData, match="write counter is 1, this controller saw 3"):
+            tx.xadd(K.events_of("learner"), {"type": "x", "pb": b""})
+    assert a.seen == 3 and int(r.get(K.seq())) == 3
+    r.set(K.seq(), 1)  # Redis came back from an older state
+    with pytest.raises(RedisLostData, match="write counter seq is 1, this controller saw 3"):
         a.check()
     with pytest.raises(RedisLostData):
         with a.transaction() as tx:
-            tx.xadd(K.events, {"type": "x", "pb": b""})
-    assert r.xlen(K.events) == 3
+            tx.xadd(K.events_of("learner"), {"type": "x", "pb": b""})
+    assert r.xlen(K.events_of("learner")) == 3
     a.accept_loss()  # to record the run's failure
     with a.transaction() as tx:
         tx.hset(K.state, "status", "failed")

@@ -81,7 +81,7 @@ def test_release_step_trims_work_streams_and_old_weight_announcements(r):
         weights.add(pb.WeightUpdate(run_id="r", version=v, transport="filesystem", uri=f"/w/v{v}"))
     join = weights.add(pb.WeightUpdate(run_id="r", version=2, transport="nccl", nccl=pb.NcclTransfer(join=pb.NcclGroup(id=1))))
     upd = weights.add(pb.WeightUpdate(run_id="r", version=2, transport="nccl", nccl=pb.NcclTransfer(update=pb.NcclUpdate())))
-    prompts = ConsumerGroup(r, run.prompts, keys.ROLLOUT_GROUP, "w1", dead_stream=run.dead)
+    prompts = ConsumerGroup(r, run.prompts, keys.ROLLOUT_GROUP, "w1", dead_stream=run.dead_of("rollout"))
     prompts.ensure()
     p = Stream(r, run.prompts)
     for i in range(3):
@@ -106,13 +106,13 @@ def test_release_step_trims_work_streams_and_old_weight_announcements(r):
 
 def test_dead_letters_are_capped(r):
     run = keys.RunKeys("r")
-    group = ConsumerGroup(r, run.rollouts, keys.REWARD_GROUP, "w", dead_stream=run.dead, dead_letters_max=50)
+    group = ConsumerGroup(r, run.rollouts, keys.REWARD_GROUP, "w", dead_stream=run.dead_of("reward"), dead_letters_max=50)
     group.ensure()
     for i in range(400):
         r.xadd(run.rollouts, {b"junk": b"x" * 100})
     for e in group.read(count=400, block_ms=10):
         assert group.decode(e, pb.RolloutGroup) is None  # poison: dead-lettered
-    assert 50 <= r.xlen(run.dead) < 400  # approximate trimming: whole nodes of ~100 entries
+    assert 50 <= r.xlen(run.dead_of("reward")) < 400  # approximate trimming: whole nodes of ~100 entries
     assert retention.trim_acknowledged(r, run.rollouts, [keys.REWARD_GROUP]) == 400
 
 

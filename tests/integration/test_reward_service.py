@@ -91,9 +91,9 @@ def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scor
     r.xadd(K.rollouts, {b"type": b"RolloutGroup", b"pb": b"\xff\xfe not a protobuf"})  # poison
     published.add(group("0:9", "math", "4", ["\\boxed{4}"]))  # decodes, but the controller never published it
 
-    worker = RewardWorker(RunChannels(r, RUN, "reward-test"), reward_settings(), scorer)
+    worker = RewardWorker(RunChannels(r, RUN, "reward", "reward-test"), reward_settings(), scorer)
     deadline = time.monotonic() + 60
-    while (len(Stream(r, K.scored)) < 5 or len(Stream(r, K.dead)) < 3) and time.monotonic() < deadline:
+    while (len(Stream(r, K.scored)) < 5 or len(Stream(r, K.dead_of("reward"))) < 3) and time.monotonic() < deadline:
         worker.poll()
     scored = {g.rollout.prompt.group_id: g for _, g in Stream(r, K.scored).read_after("0", pb.ScoredGroup)}
     assert sorted(scored) == ["0:0", "0:1", "0:2", "0:3", "0:4"]
@@ -110,7 +110,7 @@ def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scor
     assert worker.rollouts.pending_count() == 0
     assert [dict(s.penalties) for s in scored["0:4"].scores] == [{"repetition": -1.0}, {"repetition": 0.0}]  # no overlong
     assert [s.reward for s in scored["0:4"].scores] == [0.0, 1.0]
-    dead = [d.reason for _, d in Stream(r, K.dead).read_after("0", pb.DeadLetter)]
+    dead = [d.reason for _, d in Stream(r, K.dead_of("reward")).read_after("0", pb.DeadLetter)]
     assert len(dead) == 3 and "poison" in dead[0], dead
     assert any("group 0:5: malformed penalties_json" in x for x in dead) and any("never published" in x for x in dead), dead
 

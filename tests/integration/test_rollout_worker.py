@@ -22,7 +22,7 @@ RUN = "t"
 
 
 def publish_weights(r, tmp_path, engine, version):
-    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN), root=tmp_path / "weights",
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN, "learner"), root=tmp_path / "weights",
                          config_json=engine.model.config.to_json_string(), keep=3)
     state = {k: v for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
     return sender.publish(version, state)
@@ -44,7 +44,7 @@ def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0):
 def make_worker(r, tiny_model_dir, tmp_path, name, **settings):
     s = RolloutSettings(worker_name=name, max_batch_sequences=settings.pop("max_batch_sequences", 4), **settings)
     engine = TorchEngine(str(tiny_model_dir), max_batch_sequences=s.max_batch_sequences)
-    return RolloutWorker(RunChannels(r, RUN, name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / name))
+    return RolloutWorker(RunChannels(r, RUN, "rollout", name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / name))
 
 
 def rollouts(r):
@@ -138,5 +138,5 @@ def test_a_worker_started_late_reads_weights_from_the_newest_announcement(r, tin
     late.poll()
     assert late.engine.version == 3 and late._weight_failures == 0 and time.monotonic() - started < 5
     assert StepStore(r, RUN).served_versions() == {"late": 3}
-    dead = Stream(r, keys.RunKeys(RUN).dead).read_after("0", pb.DeadLetter)
+    dead = Stream(r, keys.RunKeys(RUN).dead_of("rollout")).read_after("0", pb.DeadLetter)
     assert len(dead) == 1 and "poison" in dead[0][1].reason

@@ -41,7 +41,7 @@ def test_a_fatal_error_is_sent_to_the_run_as_a_worker_error(r, redis_server):
     r.set(keys.ACTIVE_RUN, "doomed")
     with pytest.raises(ValueError, match="model is gone"):
         serve("learner", settings(redis_server), lambda _channels: Scripted([ValueError("model is gone")]))
-    events = [e for _, e in Stream(r, keys.RunKeys("doomed").events).read_after("0", pb.Event)]
+    events = [e for _, e in Stream(r, keys.RunKeys("doomed").events_of("learner")).read_after("0", pb.Event)]
     assert len(events) == 1 and events[0].worker_error.service == "learner" and "model is gone" in events[0].worker_error.message
     assert events[0].source == "w-0" and events[0].run_id == "doomed"
 
@@ -63,7 +63,7 @@ def test_a_redis_outage_or_refusal_re_attaches_the_worker(r, redis_server, outag
 
     assert serve("rollout", settings(redis_server), attach) == 0
     assert attached == ["lives", "lives"]  # detached on the outage, attached again after it
-    assert r.xlen(keys.RunKeys("lives").events) == 0  # an outage is not a worker error
+    assert r.xlen(keys.RunKeys("lives").events_of("rollout")) == 0  # an outage is not a worker error
 
 
 def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
@@ -86,7 +86,7 @@ def test_a_worker_restart_re_attaches_without_failing_the_run(r, redis_server):
 
     assert serve("rollout", settings(redis_server), attach) == 0
     assert attached == ["lives", "lives"] and len(closed) == 2
-    assert r.xlen(keys.RunKeys("lives").events) == 0
+    assert r.xlen(keys.RunKeys("lives").events_of("rollout")) == 0
 
 
 def test_a_frozen_main_loop_fails_livez_and_stops_the_heartbeat_until_it_moves_again(r, redis_server):

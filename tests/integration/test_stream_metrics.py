@@ -1,6 +1,7 @@
 """The controller's stream sampler against a real Redis: length, pending, lag and live workers."""
 
 import json
+import time
 
 import pytest
 
@@ -23,11 +24,11 @@ def test_sampler_reports_length_pending_lag_and_live_workers(r):
     r.xgroup_create(k.prompts, "rollout", id="0")
     r.xreadgroup("rollout", "w1", {k.prompts: ">"}, count=3)  # 3 delivered, 2 waiting
     r.xack(k.prompts, "rollout", r.xrange(k.prompts, count=1)[0][0])  # 1 of the 3 acknowledged
-    r.xadd(k.dead, {"x": 1})
-    r.set(keys.heartbeat("reward", "reward-0"), json.dumps({"run": "sampled"}), ex=30)
-    r.set(keys.heartbeat("reward", "reward-1"), json.dumps({"run": "another-run"}), ex=30)
+    r.xadd(k.dead_of("rollout"), {"x": 1})
+    r.set(keys.heartbeat("reward", "reward-0"), json.dumps({"run": "sampled", "at": time.time()}), ex=30)
+    r.set(keys.heartbeat("reward", "reward-1"), json.dumps({"run": "another-run", "at": time.time()}), ex=30)
 
-    sampler = StreamSampler(RunChannels(r, "sampled"), interval=60)
+    sampler = StreamSampler(RunChannels(r, "sampled", "controller"), interval=60)
     assert sampler.maybe_sample() is True
     assert value(m.STREAM_LENGTH, stream="prompts") == 5
     assert value(m.STREAM_PENDING, stream="prompts") == 2

@@ -14,7 +14,7 @@ K = keys.RunKeys("t")
 
 
 def group(r, consumer, max_deliveries=3):
-    g = ConsumerGroup(r, K.prompts, "rollout", consumer, dead_stream=K.dead, max_deliveries=max_deliveries)
+    g = ConsumerGroup(r, K.prompts, "rollout", consumer, dead_stream=K.dead_of("rollout"), max_deliveries=max_deliveries)
     g.ensure()
     return g
 
@@ -90,7 +90,7 @@ def test_a_poison_entry_goes_to_the_dead_letter_stream_with_its_reason(r):
     assert g.decode(entry, pb.PromptGroup) is None
     assert dead_count() == before + 1
     assert g.pending_count() == 0
-    (_, fields), = r.xrange(K.dead)
+    (_, fields), = r.xrange(K.dead_of("rollout"))
     letter = codec.decode(fields, pb.DeadLetter)
     assert letter.stream == K.prompts and letter.entry_id == entry.id and "cannot parse" in letter.reason
     assert letter.payload == b"\xff\xff\xff" and letter.consumer == "c"
@@ -104,7 +104,7 @@ def test_a_consumers_dead_letter_series_exists_at_0_before_its_first_letter(r):
 
     fresh = keys.RunKeys("t").prompts.replace("prompts", "fresh-work")
     assert REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "fresh-work"}) is None
-    g = ConsumerGroup(r, fresh, "rollout", "c", dead_stream=K.dead)
+    g = ConsumerGroup(r, fresh, "rollout", "c", dead_stream=K.dead_of("rollout"))
     g.ensure()
     assert REGISTRY.get_sample_value("magic_dead_letters_total", {"stream": "fresh-work"}) == 0.0
     r.xadd(fresh, {b"type": b"PromptGroup", b"pb": b"\xff"})
@@ -118,7 +118,7 @@ def test_an_entry_that_keeps_killing_consumers_is_dead_lettered(r):
         group(r, f"victim{i}", max_deliveries=3).read(block_ms=100) if i == 0 else group(r, f"victim{i}", max_deliveries=3).reclaim(alive=[f"victim{i}"], min_idle_ms=0)
     survivor = group(r, "survivor", max_deliveries=3)
     assert survivor.reclaim(alive=["survivor"], min_idle_ms=0) == []
-    (_, fields), = r.xrange(K.dead)
+    (_, fields), = r.xrange(K.dead_of("rollout"))
     letter = codec.decode(fields, pb.DeadLetter)
     assert "delivered 4 times" in letter.reason and letter.deliveries == 4
     assert survivor.pending_count() == 0
@@ -145,10 +145,10 @@ def test_a_poison_entry_on_a_fan_out_stream_is_skipped_and_recorded_once(r):
     assert s.newest(pb.WeightUpdate)[1].version == 0  # the newest entry that is an announcement
     for follower in ("rollout-a", "rollout-b"):  # two followers find the same garbage
         seen = []
-        got = s.read_after("0", pb.WeightUpdate, poison=lambda e, why, f=follower: seen.append(s.dead_letter_once(e, why, K.dead, f)))
+        got = s.read_after("0", pb.WeightUpdate, poison=lambda e, why, f=follower: seen.append(s.dead_letter_once(e, why, K.dead_of("rollout"), f)))
         assert [u.version for _, u in got] == [0]
         assert len(seen) == 2
-    dead = Stream(r, K.dead).read_after("0", pb.DeadLetter)
+    dead = Stream(r, K.dead_of("rollout")).read_after("0", pb.DeadLetter)
     assert len(dead) == 2 and {d.consumer for _, d in dead} == {"rollout-a"} and all(d.stream == K.weights for _, d in dead)
 
 

@@ -296,7 +296,7 @@ def _publish_weights(r, tmp_path, model_dir: Path, version: int):
     from magic.weights.config import FilesystemTransportConfig
 
     model = modeling.load_model(model_dir)
-    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN), root=tmp_path / "weights",
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, RUN, "learner"), root=tmp_path / "weights",
                          config_json=model.config.to_json_string(), keep=3)
     return sender.publish(version, {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
 
@@ -320,7 +320,7 @@ def _worker(r, engine, tmp_path, name="w"):
     from magic.weights import make_receiver
 
     s = RolloutSettings(worker_name=name, engine="vllm", max_batch_sequences=64)
-    return RolloutWorker(RunChannels(r, RUN, name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / f"cache-{name}"))
+    return RolloutWorker(RunChannels(r, RUN, "rollout", name, s.max_deliveries), s, engine, make_receiver(s.weight_transport, worker_name=name, cache_dir=tmp_path / f"cache-{name}"))
 
 
 def _rollouts(r):
@@ -351,7 +351,7 @@ def _worker_generating(r, server, engine, tmp_path, model_dir, group_id: str):
     freeze(server)  # the group stays on the server, unfinished, until the test thaws it (or kills it)
     _publish_prompt(r, group_id, 0, max_tokens=MAX_MODEL_LEN - 40)
     while not worker._work:
-        assert time.monotonic() < deadline, f"the worker never took group {group_id} ({_rollouts(r)=}, {r.xlen(keys.RunKeys(RUN).dead)=})"
+        assert time.monotonic() < deadline, f"the worker never took group {group_id} ({_rollouts(r)=}, {r.xlen(keys.RunKeys(RUN).dead_of("rollout"))=})"
         worker.poll()
     return worker
 
@@ -464,7 +464,7 @@ def test_a_server_that_dies_is_reported_and_its_group_redelivered(r, server, vll
     assert _pending(r) == 1 and _rollouts(r) == []
     from magic.protocol import keys
 
-    assert r.xlen(keys.RunKeys(RUN).dead) == 0
+    assert r.xlen(keys.RunKeys(RUN).dead_of("rollout")) == 0
     back = _worker(r, TorchEngine(str(vllm_model_dir), max_batch_sequences=64), tmp_path)  # any engine will do for the proof
     deadline = time.monotonic() + 120
     while not _rollouts(r):

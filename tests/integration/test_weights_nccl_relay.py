@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -30,15 +31,15 @@ def vllm():
 
 
 def heartbeat(r, name, status):
-    r.set(keys.heartbeat("rollout", name), json.dumps({"run": "t", **status}), px=10_000)
+    r.set(keys.heartbeat("rollout", name), json.dumps({"run": "t", "at": time.time(), **status}), px=10_000)
 
 
 def test_members_are_live_workers_advertising_an_endpoint(r):
     heartbeat(r, "a", {"nccl": {"instance": "i1", "gpus": 2}})
     heartbeat(r, "b", {"nccl": {"instance": "i2", "gpus": 1}})
     heartbeat(r, "c", {})  # torch engine: no endpoint
-    r.set(keys.heartbeat("rollout", "d"), json.dumps({"run": "other", "nccl": {"instance": "i3", "gpus": 1}}))
-    assert live_members(RunChannels(r, "t")) == {"a/i1": 2, "b/i2": 1}
+    r.set(keys.heartbeat("rollout", "d"), json.dumps({"run": "other", "at": time.time(), "nccl": {"instance": "i3", "gpus": 1}}), ex=10)
+    assert live_members(RunChannels(r, "t", "learner")) == {"a/i1": 2, "b/i2": 1}
 
 
 def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_others(r, vllm, tmp_path, tiny_model_dir):
@@ -49,7 +50,7 @@ def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_oth
     status = member.endpoint_status(engine)
     assert status["nccl"]["gpus"] == 2
     members = {member.member_key: 2}
-    relay = RedisRelayClient(RunChannels(r, "t"), members, group_id=1, wait_seconds=5)
+    relay = RedisRelayClient(RunChannels(r, "t", "learner"), members, group_id=1, wait_seconds=5)
     relay.version, relay.snapshot_uri = 1, str(tmp_path / "v000001")
 
     # what vLLM's NCCLTrainerWeightTransferEngine calls, in its order
@@ -86,7 +87,7 @@ def test_relay_and_receiver_run_vllms_protocol_for_members_and_snapshots_for_oth
 
 
 def test_finish_times_out_with_the_missing_members_named(r):
-    relay = RedisRelayClient(RunChannels(r, "t"), {"a/x": 1, "b/y": 1}, group_id=1, wait_seconds=0.3)
+    relay = RedisRelayClient(RunChannels(r, "t", "learner"), {"a/x": 1, "b/y": 1}, group_id=1, wait_seconds=0.3)
     relay.version = 4
     r.hset(keys.RunKeys("t").weight_versions, "a", 4)
     with pytest.raises(TimeoutError, match="load v4 by NCCL"):

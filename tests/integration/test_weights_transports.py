@@ -31,7 +31,7 @@ def engine(tiny_model_dir):
 
 
 def sender_for(config, r, tmp_path, engine, keep=2):
-    return make_sender(config, channels=RunChannels(r, "t"), root=tmp_path / "learner" / "weights",
+    return make_sender(config, channels=RunChannels(r, "t", "learner"), root=tmp_path / "learner" / "weights",
                        config_json=engine.model.config.to_json_string(), keep=keep)
 
 

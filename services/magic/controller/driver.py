@@ -40,6 +40,7 @@ from magic.config.schema import RunSpec
 from magic.controller.datasets import DatasetError, DatasetRegistry, group_seed, load_pool, prompt_group
 from magic.controller.errors import RunFailed
 from magic.controller.estimation import DifficultyEstimation
+from magic.controller.events import EventInbox
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
 from magic.controller.stream_metrics import StreamSampler
@@ -53,7 +54,6 @@ from magic.runtime.liveness import LoopWatch
 from magic.store.client import RedisError, is_retryable, run_gone
 from magic.store.lease import LeaseLost, RedisLostData, RunEnded
 from magic.store.runs import Runs, finite
-from magic.store.steps import event_problem
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class StepDriver(threading.Thread):
         self.lease = runs.lease(run_id, self.holder, settings.lease_seconds)
         # every write of the driver is made under its lease: a driver that lost it writes nothing
         self.store = runs.store(run_id, writer=self.lease)
-        self.channels = runs.channels(run_id, self.holder, settings.max_deliveries, fence=self.lease)
+        self.channels = runs.channels(run_id, self.holder, settings.max_deliveries, fence=self.lease, heartbeat_ttl=settings.heartbeat_ttl_seconds)
         self.steps = self.channels.steps
         self.armed = settings.armed_faults
         self.shutdown = threading.Event()
@@ -257,14 +257,13 @@ class StepDriver(threading.Thread):
         return spec
 
     def _open_consumers(self) -> None:
-        self.events = self.channels.group("events", GROUP)
+        self.events = EventInbox(self.channels, self.steps, self.store, GROUP, error_grace_seconds=3 * self.settings.heartbeat_ttl_seconds)
         scored = self.channels.group("scored", self.settings.filter_group)
         self.estimates = self.channels.group("estimates", GROUP)
         self.plan = StagePlan(self.store, self.steps, scored)
         self.validation = Validation(self.store, self.steps, self.estimates, self.datasets, self.settings)
         self.validation.restore_series()
         self._estimating = False
-        self._completed: dict[int, tuple[str, pb.StepCompleted]] = {}
 
     # -- control: pause, resume, stop, shutdown ------------------------------------------------
 
@@ -417,12 +416,12 @@ class StepDriver(threading.Thread):
 
     def wait_for_step(self, k: int) -> pb.StepCompleted:
         deadline = time.monotonic() + self.settings.step_timeout_seconds
-        while k not in self._completed:
+        while k not in self.events.completed:
             self._check_events(block_ms=200)
             self._check_control()
             if time.monotonic() > deadline:
                 raise RunFailed(f"step {k} did not complete within {self.settings.step_timeout_seconds:.0f}s")
-        return self._completed[k][1]
+        return self.events.completed[k][1]
 
     def _check_events(self, block_ms: int = 0) -> None:
         """Consume control events: remember StepCompleted, fail on WorkerError; record the
@@ -441,35 +440,11 @@ class StepDriver(threading.Thread):
                     self.estimates.dead_letter(entry, "an estimation result while the run does no difficulty estimation")
             if validated:
                 self.validation.receive(validated)
-        # only the lease holder reads the controller's groups: what another (a predecessor, or a
-        # stale driver that read before it noticed its lost lease) left pending is this driver's
-        for entry in self.events.reclaim_from_others_if_due(1.0) + self.events.read(count=100, block_ms=block_ms or 1):
-            event = self.events.decode(entry, pb.Event, check=self._event_problem)
-            if event is None:
-                continue
-            kind = event.WhichOneof("kind")
-            if kind == "step_completed" and event.step_completed.step < self.store.metrics_count():
-                self.events.ack(entry.id)  # a copy of a step already recorded (a replay): nothing to do
-                continue
-            if kind == "step_completed":
-                self._completed[event.step_completed.step] = (entry.id, event.step_completed)
-                continue  # acknowledged once the step is recorded
-            self.events.ack(entry.id)
-            if kind == "worker_error":
-                raise RunFailed(f"{event.worker_error.service} {event.source}: {event.worker_error.message}")
-
-    def _event_problem(self, event: pb.Event) -> str | None:
-        """Why `event` is refused, or None: a StepCompleted(k) counts only once the learner has
-        committed step k (the same MULTI sends it), so a stray or forged one cannot move the barrier."""
-        if (problem := event_problem(event, self.run_id)) is not None:
-            return problem
-        if event.WhichOneof("kind") == "step_completed" and event.step_completed.step > self.steps.last_trained():
-            return f"StepCompleted({event.step_completed.step}) but the learner has committed step {self.steps.last_trained()} only"
-        return None
+        self.events.poll(block_ms)
 
     def record_step(self, k: int, synced_at: float) -> None:
         """Append step k's record and move the barrier to step k + 1, in one transaction."""
-        entry_id, done = self._completed.pop(k)
+        entry_id, done = self.events.take(k)
         step = self.steps.record(k)
         stage = step.stage_config
         published_at = step.published_at or done.batch_complete_at
@@ -498,7 +473,7 @@ class StepDriver(threading.Thread):
         faults.point(self.armed, "controller.recording", k)
         with self.store.transaction() as tx:
             self.store.record_step(tx, k, record)
-            self.events.queue_ack(tx, entry_id)  # the StepCompleted(k) it records
+            self.events.queue_ack_step(tx, entry_id)  # the StepCompleted(k) it records
         self.store.record_durably(step=k + 1, seq=self.lease.seen)
         faults.point(self.armed, "controller.recorded", k)
         self.retention.release_step(k + 1)  # every entry of step k is acknowledged: drop it

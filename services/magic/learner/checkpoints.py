@@ -4,23 +4,34 @@ Layout: root/step-<k>/ {config.json, generation_config.json, model.safetensors (
 float32 master weights), the tokenizer and chat template of the run's model, optimizer.pt or
 deepspeed/ (partitioned state), ema_reference.safetensors (with an EMA reference),
 trainer_state.json, COMPLETE}: the directory loads as it is with `from_pretrained` and `vllm serve`.
-COMPLETE is written last, once every file is fsynced, and lists each file's size; a checkpoint
-without it, or whose files do not match it or do not parse (`problem`: a write cut short by a
-crash or a power cut), is never loaded. The oldest beyond `keep` are deleted.
+
+COMPLETE is the checkpoint's manifest: every file's size and SHA-256, the step and the learner
+lease epoch that wrote it, written (and fsynced) once every file is fsynced. A checkpoint without
+it, whose files do not match it (`verify`: a write cut short, a disk that lost or zeroed blocks,
+a file replaced), or that does not parse (`problem`), is never loaded.
+
+Writes are fenced like every other write of the learner: a checkpoint is written into a hidden
+directory and renamed into place only if the writer still holds the learner lease (`fence`) and
+no intact checkpoint of that step is there already. So a learner paused past its lease and
+resumed never replaces the checkpoint its replacement wrote. The oldest beyond `keep` are deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 import threading
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from magic.runtime.files import fsync_tree, write_durably
+from magic.runtime.files import fsync_path, fsync_tree, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -69,32 +80,35 @@ class CheckpointWriter:
         self._writer: threading.Thread | None = None
 
     def save(
-        self, backend, root: Path, step: int, keep: int, trainer_state: dict, ema: dict | None, assets_from: str | None, background: bool = True
+        self, backend, root: Path, step: int, keep: int, trainer_state: dict, ema: dict | None, assets_from: str | None, background: bool = True,
+        fence: Callable[[], None] | None = None, epoch: int = 0,
     ) -> Path | None:
         """Write checkpoint `step` under `root` (collective: every rank calls it); returns its
-        directory on rank 0. `trainer_state` and `ema` (CPU tensors) are rank 0's."""
+        directory on rank 0. `trainer_state` and `ema` (CPU tensors) are rank 0's. `fence` (rank
+        0's) raises unless this learner still holds its lease, whose `epoch` the manifest records:
+        it is called before the checkpoint is renamed into place."""
         self.wait()
-        d = step_dir(root, step)
+        final = step_dir(root, step)
         rank0 = backend.rank == 0
+        tmp = None
         if rank0:
-            if d.exists():
-                shutil.rmtree(d)
-            d.mkdir(parents=True)
-        backend.broadcast_object(None)  # the directory exists before anyone writes
+            tmp = root / f".{final.name}.e{epoch}.partial-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir(parents=True)
+        tmp = Path(backend.broadcast_object(str(tmp) if tmp else None))  # the directory exists before anyone writes
         state = backend.full_state_dict()
         write_optimizer = backend.capture_optimizer()
         if write_optimizer is None:  # collective: every rank writes its part now
-            backend.save(d)
+            backend.save(tmp)
         if rank0:
             state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-            args = (backend.policy, state, write_optimizer, trainer_state, assets_from, d, root, keep, ema)
+            args = (backend.policy, state, write_optimizer, trainer_state, assets_from, tmp, final, keep, ema, fence, epoch)
             if background and write_optimizer is not None:
                 self._writer = threading.Thread(target=_write_checkpoint, args=args, name=f"checkpoint-{step}")
                 self._writer.start()  # not a daemon: a stopping learner finishes the checkpoint
             else:
                 _write_checkpoint(*args)
         backend.broadcast_object(None)
-        return d if rank0 else None
+        return final if rank0 else None
 
     def wait(self) -> None:
         """Block until the checkpoint being written in the background (if any) is complete."""
@@ -103,34 +117,83 @@ class CheckpointWriter:
             self._writer = None
 
 
-def _write_checkpoint(policy, state, write_optimizer, trainer_state, assets_from, d: Path, root: Path, keep: int, ema: dict | None = None) -> None:
-    """Rank 0's files of a checkpoint, COMPLETE last; then the oldest checkpoints beyond `keep` go."""
+def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_checkpoint(
+    policy, state, write_optimizer, trainer_state, assets_from, tmp: Path, final: Path, keep: int, ema: dict | None = None,
+    fence: Callable[[], None] | None = None, epoch: int = 0,
+) -> None:
+    """Rank 0's files of a checkpoint into `tmp`, the manifest last; then, if the fence holds and no
+    intact checkpoint of the step is there, renamed to `final`; then the oldest beyond `keep` go."""
     try:
-        policy.save_pretrained(d, state_dict=state, safe_serialization=True)  # config + generation_config + weights
-        copy_model_assets(assets_from, d)
+        policy.save_pretrained(tmp, state_dict=state, safe_serialization=True)  # config + generation_config + weights
+        copy_model_assets(assets_from, tmp)
         if write_optimizer is not None:
-            write_optimizer(d)
+            write_optimizer(tmp)
         if ema is not None:
-            save_file(ema, str(d / EMA_REFERENCE_FILE))
-        (d / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
-        fsync_tree(d)  # every file on disk before the marker that vouches for them
-        sizes = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
-        write_durably(d / COMPLETE, json.dumps({"step": trainer_state.get("step"), "files": sizes}))
+            save_file(ema, str(tmp / EMA_REFERENCE_FILE))
+        (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
+        fsync_tree(tmp)  # every file on disk before the manifest that vouches for them
+        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.rglob("*")) if p.is_file()}
+        write_durably(tmp / COMPLETE, json.dumps({"step": trainer_state.get("step"), "epoch": epoch, "files": files}))
     except Exception:  # noqa: BLE001 — an incomplete checkpoint is never loaded; the next one retries
-        log.exception("writing checkpoint %s failed", d)
+        log.exception("writing checkpoint %s failed", final)
+        shutil.rmtree(tmp, ignore_errors=True)
         return
+    if not _publish(tmp, final, fence, epoch):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    root = final.parent
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _publish(tmp: Path, final: Path, fence: Callable[[], None] | None, epoch: int) -> bool:
+    """Rename the written checkpoint `tmp` to `final`, fenced; False if it was not."""
+    try:
+        if fence is not None:
+            fence()
+    except Exception as exc:  # noqa: BLE001 — LeaseLost, RedisLostData, Redis away: not this learner's to write
+        log.error("checkpoint %s not written: this learner (epoch %d) may no longer write (%s)", final.name, epoch, exc)
+        return False
+    if final.exists():
+        if verify(final) is None:
+            log.warning("checkpoint %s exists and is intact (epoch %s): kept, this learner's copy dropped", final.name, _epoch(final))
+            return False
+        log.warning("checkpoint %s exists but is damaged (%s): replaced", final.name, verify(final))
+        doomed = final.parent / f".{final.name}.damaged-{uuid.uuid4().hex[:8]}"
+        os.rename(final, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.rename(tmp, final)  # refused if another writer's checkpoint landed meanwhile (a non-empty directory)
+    except OSError as exc:
+        log.warning("checkpoint %s appeared meanwhile (%s): this learner's copy dropped", final.name, exc)
+        return False
+    fsync_path(final.parent)
+    return True
+
+
+def _epoch(directory: Path) -> int | None:
+    try:
+        return json.loads((directory / COMPLETE).read_text()).get("epoch")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def latest_checkpoint(root: Path, step: int | None = None) -> Path | None:
-    """The newest complete, readable checkpoint under `root` (of `step` exactly, if given); an
-    unreadable one (`problem`) is skipped, with a warning."""
+    """The newest complete, intact checkpoint under `root` (of `step` exactly, if given): each
+    file hashed against its manifest (`verify`); a damaged one is skipped, with a warning saying why."""
     done = sorted((p.parent for p in root.glob(f"step-*/{COMPLETE}")), reverse=True)
     if step is not None:
         done = [p for p in done if p.name == f"step-{step:08d}"]
     for d in done:
-        why = problem(d)
+        why = verify(d)
         if why is None:
             return d
         log.warning("checkpoint %s is unreadable (%s): skipped", d, why)
@@ -138,24 +201,42 @@ def latest_checkpoint(root: Path, step: int | None = None) -> Path | None:
 
 
 def unusable(directory: Path) -> str | None:
-    """Why checkpoint `directory` cannot be used, in words for a user (incomplete, or `problem`),
+    """Why checkpoint `directory` cannot be used, in words for a user (incomplete, or `verify`),
     or None: what `magic export` and `magic eval --local` refuse a checkpoint for."""
     if not (directory / COMPLETE).is_file():
         return f"it is incomplete (no {COMPLETE} marker: its write was cut short)"
-    if (why := problem(directory)) is not None:
+    if (why := verify(directory)) is not None:
         return f"it is unreadable ({why})"
     return None
 
 
+def verify(directory: Path) -> str | None:
+    """Why checkpoint `directory` cannot be trusted, or None: `problem`, or a file whose SHA-256
+    is not its manifest's (hashes every file: seconds per GB)."""
+    if (why := problem(directory)) is not None:
+        return why
+    manifest = json.loads((directory / COMPLETE).read_text())
+    for name, entry in manifest["files"].items():
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            return f"its manifest has no digest of {name} (a checkpoint of an older MAGIC: export it again from a run of this one)"
+        if sha256_file(directory / name) != entry["sha256"]:
+            return f"{name} does not match its SHA-256 in {COMPLETE} (its bytes changed after it was written)"
+    return None
+
+
 def problem(directory: Path) -> str | None:
-    """Why checkpoint `directory` cannot be loaded, or None: a file its marker lists is missing or
-    has another size (a write cut short), the weights' safetensors header or the trainer state
-    does not parse. Cheap: nothing is hashed or loaded."""
+    """Why checkpoint `directory` cannot be loaded, or None: no manifest, a file it lists is
+    missing or has another size (a write cut short), the weights' safetensors header or the trainer
+    state does not parse. Cheap: nothing is hashed or loaded (`verify` hashes)."""
     try:
         manifest = json.loads((directory / COMPLETE).read_text() or "{}")
-        for name, size in (manifest.get("files") or {}).items():
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not files:
+            return f"{COMPLETE} lists no files"
+        for name, entry in files.items():
+            size = entry.get("bytes") if isinstance(entry, dict) else entry
             path = directory / name
-            if not path.is_file() or path.stat().st_size != size:
+            if ".." in Path(name).parts or not path.is_file() or path.stat().st_size != size:
                 return f"{name} is missing or has {path.stat().st_size if path.is_file() else 0} bytes, not {size}"
         state = read_trainer_state(directory)
         if not isinstance(state.get("step"), int) or "entropy_controller" not in state:

@@ -220,15 +220,18 @@ class Trainer:
 
     # -- checkpoints (`magic.learner.checkpoints`) ----------------------------------------------
 
-    def save_checkpoint(self, root: Path, step: int, keep: int, background: bool = True) -> Path | None:
+    def save_checkpoint(
+        self, root: Path, step: int, keep: int, background: bool = True, fence: Callable[[], None] | None = None, epoch: int = 0
+    ) -> Path | None:
         """Write checkpoint `step` under `root` (collective); returns its directory on rank 0. The
-        policy, optimizer, entropy controller and EMA reference; see `checkpoints.CheckpointWriter`."""
+        policy, optimizer, entropy controller and EMA reference, renamed into place only while
+        `fence` (rank 0's) passes; see `checkpoints.CheckpointWriter`."""
         rank0 = self.backend.rank == 0
         trainer_state = {"step": step, "entropy_controller": self.controller.state_dict()} if rank0 else {}
         ema = None
         if rank0 and self.ema_reference is not None:
             ema = {k: v.detach().to("cpu", copy=True) for k, v in modeling.export_state_dict(self.ema_reference).items()}
-        return self.checkpoint_writer.save(self.backend, root, step, keep, trainer_state, ema, self.assets_from, background)
+        return self.checkpoint_writer.save(self.backend, root, step, keep, trainer_state, ema, self.assets_from, background, fence, epoch)
 
     def wait_for_checkpoint(self) -> None:
         """Block until the checkpoint being written in the background (if any) is complete."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -165,8 +166,9 @@ class LearnerWorker(Worker):
             self.publish()
 
     def _announced(self) -> tuple[str, pb.WeightUpdate] | None:
-        """The newest well-formed announcement of this run on `weights` (poison skipped)."""
-        return self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem)
+        """The announcement of the highest version of this run on `weights` (poison, stale epochs and
+        replays of older versions skipped, wherever they are on the stream)."""
+        return self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem, rank=lambda u: (u.version, u.epoch))
 
     def _finish_cut_commit(self) -> int | None:
         """A learner killed between announcing v(k+1) and committing step k left StepCompleted(k)
@@ -190,15 +192,18 @@ class LearnerWorker(Worker):
 
     def _resume_source(self) -> tuple[str, Path | None]:
         """Where the policy comes from: the initial model, the checkpoint of the last trained step
-        if it is readable (`checkpoints.problem`), else the last published weights, with a fresh
-        optimizer; the run fails only when neither loads."""
+        if it is intact (`checkpoints.verify`: every file against its digest), else the last
+        published weights (checked against their digests too), with a fresh optimizer; the run
+        fails only when neither loads."""
         if self.version == 0:
             return self.spec.model, None
         ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
         if ckpt is not None:
             log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
             return str(ckpt), ckpt
-        log.warning("resuming at step %d from weights v%d without a (readable) checkpoint (optimizer state restarts)", self.step, self.version)
+        log.warning(
+            "resuming at step %d from weights v%d without a (readable) checkpoint of step %d (optimizer state restarts)", self.step, self.version, self.step - 1
+        )
         model = modeling.load_model(self.spec.model)
         try:
             state = self.weight_sender.load_version(self.version)
@@ -208,6 +213,16 @@ class LearnerWorker(Worker):
         out = run_dir(self.settings, self.run_id) / "resume" / f"v{self.version}"
         model.save_pretrained(out, safe_serialization=True)
         return str(out), None
+
+    def _checkpoint_fence(self, k: int) -> Callable[[], None]:
+        """What a checkpoint of step k passes before it is renamed into place (on the writer's thread):
+        this learner still holds its lease and Redis lost nothing."""
+
+        def fence() -> None:
+            faults.point(self.armed, "learner.checkpoint_ready", k)
+            self.lease.ensure_held()
+
+        return fence
 
     def status(self) -> dict:
         return {"step": self.step, "version": self.version, "collected": self.ledger.count(self.step)}
@@ -302,7 +317,7 @@ class LearnerWorker(Worker):
         if every and (k + 1) % every == 0:
             t1 = time.perf_counter()
             _broadcast(("checkpoint", str(self.ckpt_root), k, self.settings.keep_checkpoints))
-            self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints)
+            self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints, fence=self._checkpoint_fence(k), epoch=self.lease.epoch or 0)
             record["checkpoint_seconds"] = time.perf_counter() - t1
         faults.point(self.armed, "learner.trained", k)
         coef = self.trainer.controller.coef

@@ -25,7 +25,12 @@ REWARD_GROUP = "reward"
 LEARNER_GROUP = "learner"
 """The learner's group on `scored`."""
 CONTROLLER_GROUP = "controller"
-"""The controller's group on `events` and `estimates` (its online-filter group on `scored` is a setting)."""
+"""The controller's group on the `events_of(role)` streams and `estimates` (its online-filter group on `scored` is a setting)."""
+
+ROLES = ("controller", "rollout", "reward", "learner")
+"""The roles on the bus: each service reaches Redis as its role's ACL user (`magic.store.acl`)."""
+SENDERS = ("learner", "rollout", "reward")
+"""The roles that send events to the controller, each on a stream of its own (`RunKeys.events_of`)."""
 
 
 def heartbeat(service: str, worker: str) -> str:
@@ -64,13 +69,23 @@ class RunKeys:
     def weights(self) -> str:
         return f"{self._p}:weights"
 
-    @property
-    def events(self) -> str:
-        return f"{self._p}:events"
+    def events_of(self, role: str) -> str:
+        """Stream of the events `role` sends the controller (StepCompleted: the learner's only;
+        WorkerError): one stream per sending role, which only that role's ACL user may append to,
+        so the controller knows who sent each event (`SENDERS`)."""
+        if role not in SENDERS:
+            raise ValueError(f"no event stream for role {role!r}; senders: {', '.join(SENDERS)}")
+        return f"{self._p}:events:{role}"
 
-    @property
-    def dead(self) -> str:
-        return f"{self._p}:dead"
+    def dead_of(self, role: str) -> str:
+        """Stream of the dead letters `role` wrote (poison it met on the streams it consumes): one
+        per role, so that no role can trim another's letters."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
+        return f"{self._p}:dead:{role}"
+
+    def dead_streams(self) -> list[str]:
+        return [self.dead_of(role) for role in ROLES]
 
     @property
     def estimates(self) -> str:
@@ -108,11 +123,11 @@ class RunKeys:
         """Counter: the last epoch of the `role` lease (incremented by every acquisition)."""
         return f"{self._p}:epoch:{role}"
 
-    @property
-    def seq(self) -> str:
-        """Counter: writes made under a lease (controller and learner); a regression means Redis
-        lost writes (`magic.store.lease.RedisLostData`)."""
-        return f"{self._p}:seq"
+    def seq(self, role: str = "controller") -> str:
+        """Counter: writes made under the `role` lease ("controller": `seq`; "learner": `seq:learner`),
+        incremented only by that role's writes; a regression of either means Redis lost writes
+        (`magic.store.lease.RedisLostData`)."""
+        return f"{self._p}:seq" if role == "controller" else f"{self._p}:seq:{role}"
 
     @property
     def control(self) -> str:

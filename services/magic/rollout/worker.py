@@ -276,6 +276,8 @@ class RolloutWorker(Worker):
         valid = []
         for entry_id, u in updates:  # authenticated: this run's learner, a lease epoch that exists and is current
             problem = self.steps.announcement_problem(u, self._newest_epoch)
+            if problem is None and u.version < self.engine.version:
+                problem = f"v{u.version} is older than v{self.engine.version}, which this worker serves (a replay)"
             if problem is not None:
                 self._poisoned_weights(Entry(entry_id, codec.encode(u)), f"refused WeightUpdate: {problem}")
                 continue
@@ -309,7 +311,7 @@ class RolloutWorker(Worker):
     def _newest_cursor(self) -> str:
         """The cursor that makes the first read start at the newest announcement of this run: a
         worker (re)started late skips the versions before it (garbage-collected already)."""
-        newest = self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem)
+        newest = self.weights.newest(pb.WeightUpdate, check=self.steps.announcement_problem, rank=lambda u: (u.version, u.epoch))
         if newest is None:
             return "0"
         ms, seq = (int(x) for x in newest[0].split("-"))

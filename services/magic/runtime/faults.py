@@ -28,6 +28,7 @@ POINTS = {
     "controller.finishing": "the plan is done (after step k), before the run is marked finished",
     # learner (services/magic/learner/worker.py)
     "learner.collected": "step k is complete in the ledger, before training",
+    "learner.checkpoint_ready": "checkpoint k is written and hashed, before its fence and rename (on the writer's thread)",
     "learner.trained": "after training (and checkpointing) step k, before preparing its commit",
     "learner.prepared": "after storing the prepared StepCompleted(k), before announcing v(k+1)",
     "learner.announced": "after announcing v(k+1), before the commit MULTI",

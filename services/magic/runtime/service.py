@@ -15,8 +15,10 @@ for `liveness_stall_seconds` — a poll that never returns is a hung process
 Faults. A retryable Redis error (`magic.store.client.RETRYABLE`: Redis restarting or loading its
 AOF, a refusal at `maxmemory`) detaches the worker and re-attaches it once Redis answers again,
 so its state is rebuilt from what Redis holds (which may have lost the last second of writes).
-Any other error is fatal: the runtime sends a WorkerError for the run on `events` — the
-controller fails the run at once with the reason — and the process exits non-zero.
+Any other error is fatal: the runtime sends a WorkerError for the run on its role's event stream
+(the learner's fails the run at once with the reason; a rollout or reward worker's once no other
+worker of its service is live) and the process exits non-zero. A write Redis refuses to the role's
+ACL user (NOPERM) is logged with the role and the refusal, then handled the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+
+import redis
 
 from magic.config.settings import ServiceSettings
 from magic.observability.logs import redact_url, setup_logging
@@ -121,7 +125,7 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
                     continue
                 if worker is None:
                     run_id = current
-                    channels = RunChannels(r, run_id, settings.worker_name, settings.max_deliveries)
+                    channels = RunChannels(r, run_id, service, settings.worker_name, settings.max_deliveries, heartbeat_ttl=settings.heartbeat_ttl_seconds)
                     log.info("attaching to run %s", run_id)
                     attaching.set()
                     try:
@@ -144,6 +148,8 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
                     backoff = min(backoff * 2, 5.0)
                     continue
                 if not is_retryable(exc):
+                    if isinstance(exc, redis.exceptions.NoPermissionError):
+                        log.error("%s %s: Redis refused a command to role %s's ACL user: %s", service, settings.worker_name, service, exc)
                     log.exception("%s %s: fatal error", service, settings.worker_name)
                     if channels is not None and run_id is not None:
                         channels.report_fatal(service, exc)

@@ -1,86 +1,99 @@
-"""Least privilege on the bus: each service reaches Redis as its own ACL user, which may write only
-the keys its role writes (Redis 7 ACLs: `%R~` read-only and `~` read-write key patterns, and an
-allow-list of commands).
+"""Least privilege on the bus: each service reaches Redis as its own ACL user, which may run only
+the commands its job needs on only the keys its job needs (Redis 7 ACL selectors: each
+`(key patterns, commands)` pair is a grant, `%R~` a read-only pattern; a command is allowed when
+one grant holds the command and every key it names).
 
-    rollout     reads the run's spec, step records, group digests and weight announcements;
-                consumes `prompts`, appends `rollouts`, records the version it serves
+    rollout     consumes `prompts` (read, acknowledge, claim from dead rollout workers), appends
+                `rollouts`, records the version it serves (`weight_versions`), follows `weights`
     reward      consumes `rollouts`, appends `scored` and `estimates`
-    learner     consumes `scored`; announces weights; commits steps (its state hash, `events`);
-                holds the learner lease (its epoch counter) and bumps the write counter
+    learner     consumes `scored`, announces on `weights`, commits steps (its `learner` hash),
+                holds the learner lease (its epoch counter, its own write counter `seq:learner`)
     controller  owns the run: every key of every run, the run index and the active-run pointer
 
-Every role reads and refreshes heartbeats, appends dead letters and worker errors (`dead`,
-`events`), and reads the learner epoch and the write counter. So a reward worker cannot
-announce weights, a rollout worker cannot complete a step, and no worker can change a run's
-state or spec: Redis answers NOPERM and the service fails that one write.
+Every worker role also reads what it must check (the run's spec and state, step records, group
+digests, the learner epoch, heartbeats), appends its own events (`events:<role>`: the controller
+knows who sent each one) and dead letters (`dead:<role>`), and sets or deletes heartbeats of its
+own service. Nothing else: no role reads, claims, acknowledges, trims or deletes a stream of
+another role, and only the controller changes a run's state, spec or its write counter `seq`.
+What an ACL cannot express — an entry's size, a heartbeat's freshness, a key created before
+its run — the reader checks (`docs/security.md`, "The bus"). The same matrix is stated there and
+tests/deploy/test_acl_matrix.py probes a real Redis with each role's credentials against it.
 
-`users(passwords)` gives the `ACL SETUSER` rules; `create_users(r, passwords)` applies them
-(`magic local`, the tests); the Helm chart renders the same rules into Redis's ACL file
-(`acl_file`). The default user keeps full access for the operator; give it a password.
+`rules(role, password)` gives the `ACL SETUSER` arguments; `create_users(r, passwords)` applies
+them (`magic local`, the tests); the Helm chart renders the same rules into Redis's ACL file
+(`acl_file_template`). The default user keeps full access for the operator; give it a password.
 """
 
 from __future__ import annotations
 
 import redis
 
-ROLES = ("controller", "rollout", "reward", "learner")
+from magic.protocol.keys import ROLES
 
 _RUN = "magic:{*}"
 
 _CONNECTION = "+ping +hello +auth +select +client|setname +client|id +echo"
-_TRANSACTIONS = "+multi +exec +discard +watch +unwatch"
-_CONSUMER = "+xreadgroup +xack +xclaim +xautoclaim +xpending +xinfo|consumers +xinfo|groups +xinfo|stream +xgroup|create +xgroup|delconsumer +xrange +xrevrange +xlen"
-_READ = "+get +mget +exists +hget +hmget +hgetall +hkeys +hvals +hlen +lrange +lindex +llen +zrange +scan +type +pttl +ttl"
-_SCRIPTS = "+eval +evalsha +script|load"
+_ROOT = f"{_CONNECTION} +multi +exec +discard +unwatch +scan"
+"""Keyless commands every worker role may run (SCAN: finding heartbeats; a key's name is no secret)."""
 
-_SHARED_KEYS = [
-    "%R~magic:hb:*",  # heartbeats: the others' (SCAN, GET) to reclaim from the dead; its own: `_heartbeat`
-    f"~{_RUN}:dead",  # dead letters (XADD)
-    f"~{_RUN}:dead:seen",  # fan-out poison recorded once (SADD in a script)
-    f"~{_RUN}:events",  # worker errors, step completions (XADD)
-    f"%R~{_RUN}:spec",
-    f"%R~{_RUN}:state",
-    f"%R~{_RUN}:step:*",
-    f"%R~{_RUN}:groups:*",
-    f"%R~{_RUN}:weights",
-    f"%R~{_RUN}:epoch:learner",
-    f"%R~{_RUN}:seq",
-    "%R~magic:active_run",
+_READ_STRING = "+get +exists +type +pttl +ttl +watch"
+_READ_HASH = "+hget +hmget +hgetall +hkeys +hlen +hexists +exists +type +watch"
+_READ_STREAM = "+xrange +xrevrange +xread +xlen +xinfo|stream +exists +type"
+_CONSUME = (
+    "+xreadgroup +xack +xclaim +xautoclaim +xpending +xinfo|consumers +xinfo|groups "
+    "+xgroup|create +xgroup|createconsumer +xgroup|delconsumer"
+)
+_SCRIPT = "+eval +evalsha"
+
+
+def _grant(patterns: str, commands: str) -> str:
+    """A selector: the commands allowed on the keys of `patterns` (`%R~` read-only)."""
+    return f"({patterns} {commands})"
+
+
+def _run(*names: str, read_only: bool = False) -> str:
+    return " ".join(f"{'%R' if read_only else ''}~{_RUN}:{name}" for name in names)
+
+
+def _worker(role: str, consumes: str, appends: tuple[str, ...]) -> list[str]:
+    """What every worker role holds: its consumer group on `consumes`, appends to `appends`, to its
+    own events and dead letters (and the once-only record of poison it met on a fan-out stream),
+    its service's heartbeats, and the reads it checks with."""
+    return [
+        _ROOT,
+        _grant(_run(consumes), f"{_READ_STREAM} {_CONSUME}"),
+        *(_grant(_run(name), "+xadd") for name in appends),
+        _grant(_run(f"events:{role}", f"dead:{role}"), "+xadd"),
+        _grant(_run(f"dead:{role}:seen"), "+sadd"),
+        _grant(_run(f"dead:{role}:seen", f"dead:{role}"), _SCRIPT),  # the once-only dead letter (`Stream.dead_letter_once`)
+        _grant(f"~magic:hb:{role}:*", "+set +del"),
+        _grant("%R~magic:hb:*", _READ_STRING),
+        _grant("%R~magic:active_run " + _run("spec", "epoch:learner", "seq", "seq:learner", read_only=True), _READ_STRING),
+        _grant(_run("state", "step:*", "groups:*", read_only=True), _READ_HASH),
+    ]
+
+
+_FOLLOWS_WEIGHTS = [
+    _grant(_run("weights", read_only=True), _READ_STREAM),  # announcements (`magic.weights`)
+    _grant(_run("weight_versions", read_only=True), _READ_HASH),  # the version each rollout worker serves
 ]
-_SHARED_COMMANDS = f"{_CONNECTION} {_TRANSACTIONS} {_READ} {_CONSUMER} +xadd +xread +sadd {_SCRIPTS}"
 
-
-def _heartbeat(role: str) -> str:
-    """A selector: the role's own heartbeat keys, set and deleted (nothing else may be deleted)."""
-    return f"(~magic:hb:{role}:* +set +del)"
 
 RULES: dict[str, list[str]] = {
     "controller": ["~magic:*", "+@all", "-@dangerous", "-@admin", _CONNECTION],
-    "rollout": [
-        *_SHARED_KEYS,
-        f"~{_RUN}:prompts",
-        f"~{_RUN}:rollouts",
-        f"~{_RUN}:weight_versions",
-        _SHARED_COMMANDS,
-        "+hset",
-        _heartbeat("rollout"),
-    ],
-    "reward": [*_SHARED_KEYS, f"~{_RUN}:rollouts", f"~{_RUN}:scored", f"~{_RUN}:estimates", _SHARED_COMMANDS, _heartbeat("reward")],
+    "rollout": [*_worker("rollout", "prompts", ("rollouts",)), *_FOLLOWS_WEIGHTS, _grant(_run("weight_versions"), "+hset")],
+    "reward": _worker("reward", "rollouts", ("scored", "estimates")),
     "learner": [
-        *_SHARED_KEYS,
-        f"~{_RUN}:scored",
-        f"~{_RUN}:weights",
-        f"~{_RUN}:learner",
-        f"~{_RUN}:lease:learner",
-        f"~{_RUN}:epoch:learner",
-        f"~{_RUN}:seq",
-        f"%R~{_RUN}:weight_versions",
-        _SHARED_COMMANDS,
-        "+hset +hdel +hsetnx +incr +incrby +set +pexpire +del",
-        _heartbeat("learner"),
+        *_worker("learner", "scored", ("weights",)),
+        *_FOLLOWS_WEIGHTS,
+        _grant(_run("learner"), f"{_READ_HASH} +hset +hdel"),  # its committed progress (`magic.store.steps`)
+        _grant(_run("lease:learner"), f"{_READ_STRING} +set +pexpire +del"),  # its lease (`magic.store.lease`)
+        _grant(_run("epoch:learner", "seq:learner"), f"{_READ_STRING} +incr"),  # counters: INCR only (not INCRBY, which could lower them), never reset
+        _grant(_run("lease:learner", "epoch:learner"), _SCRIPT),  # acquire / renew / release scripts
     ],
 }
-"""Key patterns and commands of each role (after `reset`: no keys, no commands)."""
+"""Each role's grants (after `reset`: no keys, no commands). The controller's: every key under
+`magic:`, every command but the dangerous and administrative ones."""
 
 
 def user_name(role: str) -> str:

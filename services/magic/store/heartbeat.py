@@ -19,23 +19,62 @@ from magic.protocol import keys
 log = logging.getLogger(__name__)
 
 
-def alive_workers(r: redis.Redis, service: str, run_id: str | None = None) -> dict[str, dict]:
+HEARTBEAT_TTL = 10.0
+"""Seconds a heartbeat stays valid unless the settings say otherwise (`ServiceSettings.heartbeat_ttl_seconds`)."""
+CLOCK_SKEW = 5.0
+"""Seconds a heartbeat's own timestamp may differ from the reader's clock (pods' clocks disagree a little)."""
+
+_refused: set[str] = set()
+
+
+def alive_workers(r: redis.Redis, service: str, run_id: str | None = None, max_age: float = HEARTBEAT_TTL) -> dict[str, dict]:
     """Live workers of `service` (attached to run `run_id`, if given): name -> the status blob of
-    its last heartbeat."""
+    its last heartbeat.
+
+    A heartbeat counts only while its key has an expiry and its own timestamp `at` is no older than
+    `max_age` (nor newer than now, give or take `CLOCK_SKEW`): a key written without expiry, or once
+    and never refreshed, by a process holding the service's credentials is no live worker."""
     out: dict[str, dict] = {}
     prefix = keys.heartbeat(service, "")
-    for key in r.scan_iter(match=keys.heartbeat_pattern(service), count=1000):
-        name = key.decode()[len(prefix):]
-        raw = r.get(key)
+    found = list(r.scan_iter(match=keys.heartbeat_pattern(service), count=1000))
+    if not found:
+        return out
+    pipe = r.pipeline(transaction=False)
+    for key in found:
+        pipe.get(key)
+        pipe.pttl(key)
+    replies = pipe.execute()
+    now = time.time()
+    for i, key in enumerate(found):
+        name, raw, ttl_ms = key.decode()[len(prefix):], replies[2 * i], replies[2 * i + 1]
         if raw is None:
             continue
         try:
-            out[name] = json.loads(raw)
-        except ValueError:
-            out[name] = {}
+            status = json.loads(raw)
+            at = float(status["at"])
+        except (ValueError, TypeError, KeyError):
+            _refuse(key, "not a heartbeat (no JSON object with a timestamp)")
+            continue
+        if ttl_ms is None or ttl_ms < 0:
+            _refuse(key, "it has no expiry")
+            continue
+        if not now - max_age - CLOCK_SKEW <= at <= now + CLOCK_SKEW:
+            _refuse(key, f"its timestamp is {now - at:.0f}s off (a heartbeat is fresh for {max_age:.0f}s)")
+            continue
+        out[name] = status
     if run_id is not None:
         return {n: s for n, s in out.items() if s.get("run") == run_id}
     return out
+
+
+def _refuse(key: bytes, why: str) -> None:
+    """Log a heartbeat that does not count, once per key."""
+    name = key.decode(errors="replace")
+    if name not in _refused:
+        if len(_refused) > 10_000:  # bounded, whatever a hostile writer creates
+            _refused.clear()
+        _refused.add(name)
+        log.warning("heartbeat %s is no live worker: %s", name, why)
 
 
 class Heartbeat:

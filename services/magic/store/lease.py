@@ -16,10 +16,13 @@ extends only the holder's own key; a lease that expired or was released must be 
 with a new epoch, after which the holder re-reads the run from Redis. An ended run (finished,
 failed, stopped) refuses every acquisition, so a stale controller cannot revive it.
 
-The same transaction checks that Redis has not lost writes: it increments the run's write
-counter `magic:{<run>}:seq`, and refuses to write (`RedisLostData`) when the counter is below
-the highest value this holder has seen — Redis restarted from an AOF missing its last second, from
-an older snapshot, or empty. `check()` does the same without writing, for holders that wait.
+The same transaction checks that Redis has not lost writes: it increments its role's write
+counter (`magic:{<run>}:seq` for the controller, `magic:{<run>}:seq:learner` for the learner:
+each role's ACL user may change only its own, and only by INCR), and refuses to write
+(`RedisLostData`) when its own counter or its peer's is below the highest value this holder has
+seen — Redis restarted from an AOF missing its last second, from an older snapshot, or empty.
+`check()` does the same without writing, for holders that wait. A counter only ever grows while
+Redis keeps what it acknowledged, so "Redis lost data" is reported only when a counter says so.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
 LEARNER = "learner"
+PEER = {CONTROLLER: LEARNER, LEARNER: CONTROLLER}
+"""Whose write counter a lease holder checks beside its own."""
 
 _ACQUIRE = """
 if redis.call('exists', KEYS[1]) == 1 then return 0 end
@@ -86,8 +91,12 @@ class Lease:
         self.key = self.keys.lease(role)
         self._ttl_ms = int(ttl_seconds * 1000)
         self.epoch: int | None = None
+        self.counter_key = self.keys.seq(role)
+        self.peer_key = self.keys.seq(PEER[role]) if role in PEER else None
         self.seen = 0
-        """The highest write counter this holder has seen (`RedisLostData` below it)."""
+        """The highest value of its own write counter this holder has seen (`RedisLostData` below it)."""
+        self.seen_peer = 0
+        """The same of the peer role's counter (the learner's for the controller, and back)."""
         self._renewed = 0.0
         self._lock = threading.RLock()  # a renewal never lands between a transaction's WATCH and EXEC
 
@@ -142,6 +151,15 @@ class Lease:
     def held(self) -> bool:
         return self.epoch is not None and self.r.get(self.key) == self.token.encode()
 
+    def ensure_held(self) -> None:
+        """LeaseLost unless this holder holds the lease now (and RedisLostData if Redis lost
+        writes): the fence of a write made outside Redis (a checkpoint's rename), checked just
+        before it."""
+        if not self.held():
+            self.epoch = None
+            raise LeaseLost(f"run {self.run_id}: {self.holder} no longer holds the {self.role} lease (now {self.holder_now() or 'nobody'})")
+        self.check()
+
     def renew(self, force: bool = False) -> bool:
         """Extend the lease if a third of its TTL has passed (or `force`); False if this holder
         lost it (the lease is then never taken back under this epoch)."""
@@ -194,29 +212,36 @@ class Lease:
     # -- writing under the lease --------------------------------------------------------------
 
     def counter(self) -> int:
-        raw = self.r.get(self.keys.seq)
-        return int(raw) if raw else 0
+        """This role's write counter as Redis holds it now."""
+        return _int(self.r.get(self.counter_key))
+
+    def counters(self, r: redis.Redis | redis.client.Pipeline | None = None) -> tuple[int, int]:
+        """(own counter, peer's counter) as Redis holds them now (two GETs: each role's ACL user
+        may read the counters one key at a time)."""
+        r = r or self.r
+        return _int(r.get(self.counter_key)), _int(r.get(self.peer_key)) if self.peer_key else 0
 
     def accept_loss(self) -> None:
-        """Take Redis's write counter as it is now (after reporting that Redis lost data), so the
-        holder can record the run's failure."""
+        """Take Redis's write counters as they are now (after reporting that Redis lost data), so
+        the holder can record the run's failure."""
         with self._lock:
-            self.seen = self.counter()
+            self.seen, self.seen_peer = self.counters()
 
     def check(self) -> int:
         """RedisLostData if the run's write counter is below what this holder has seen."""
         with self._lock:  # read and compare with no write of another thread (retention) in between
             return self._check()
 
-    def _check(self) -> int:
-        now = self.counter()
-        if now < self.seen:
-            raise RedisLostData(
-                f"Redis lost writes of run {self.run_id}: its write counter is {now}, this {self.role} saw {self.seen} "
-                "(Redis restarted from an older state: an AOF missing its last writes, an older snapshot, or empty)"
-            )
-        self.seen = now
-        return now
+    def _check(self, now: tuple[int, int] | None = None) -> int:
+        own, peer = now or self.counters()
+        for key, value, seen in ((self.counter_key, own, self.seen), (self.peer_key, peer, self.seen_peer)):
+            if value < seen:
+                raise RedisLostData(
+                    f"Redis lost writes of run {self.run_id}: its write counter {key.rsplit('}:', 1)[-1]} is {value}, this {self.role} saw {seen} "
+                    "(Redis restarted from an older state: an AOF missing its last writes, an older snapshot, or empty)"
+                )
+        self.seen, self.seen_peer = own, peer
+        return own
 
     @contextmanager
     def transaction(self) -> Iterator[redis.client.Pipeline]:
@@ -234,12 +259,13 @@ class Lease:
             status = pipe.hget(self.keys.state, "status")
             if status is not None and status.decode() in ENDED:
                 raise RunEnded(f"run {self.run_id} has ended ({status.decode()}): it is never changed again")
-            raw = pipe.get(self.keys.seq)
-            if (int(raw) if raw else 0) < self.seen:
-                self._check()
+            own, peer = self.counters(pipe)
+            if own < self.seen or peer < self.seen_peer:
+                self._check((own, peer))
+            self.seen_peer = peer
             pipe.multi()
             yield pipe
-            pipe.incr(self.keys.seq)
+            pipe.execute_command("INCR", self.counter_key)  # INCR, not INCRBY: the roles' ACL users may only count up by one
             try:
                 with refusals_not_retried():  # refused at maxmemory: retried whole by the caller, checks included
                     replies = pipe.execute()
@@ -268,4 +294,8 @@ class Direct:
 
 
 Writer = Lease | Direct
+
+
+def _int(raw: bytes | None) -> int:
+    return int(raw) if raw else 0
 """Who writes: a lease holder (fenced) or a process without a lease."""

@@ -3,14 +3,14 @@
 Redis streams keep entries until they are deleted, and at the paper's shape (D_R = 256 prompts
 × gs = 16 samples of up to 16k tokens) `rollouts` + `scored` grow by ≈ 0.5 GB a step. The rule:
 
-* a work stream (`prompts`, `rollouts`, `scored`, `events`, `estimates`) keeps every entry that
+* a work stream (`prompts`, `rollouts`, `scored`, `events:<role>`, `estimates`) keeps every entry that
   one of the consumer groups that need it has not acknowledged yet — it is trimmed up to the
   oldest entry still pending at, or not yet delivered to, any of those groups
   (`XTRIM MINID`). If a group that needs the stream does not exist yet (a learner that has not
   attached), the stream is left alone: nothing is removed before its consumer saw it;
 * `weights` (plain XREAD fan-out, no group) keeps the announcements of the newest version every
   live rollout worker serves and anything after — what a worker that starts now needs;
-* `dead` is capped by length where dead letters are written (`MAGIC_DEAD_LETTERS_MAX`).
+* `dead:<role>` is capped by length where dead letters are written (`MAGIC_DEAD_LETTERS_MAX`).
 
 The step barrier knows when a step's entries are done with: the controller calls
 `release_step` when it records a step (every rollout, score and event of the step is
@@ -170,7 +170,7 @@ def consumers(run: keys.RunKeys, filter_group: str) -> dict[str, tuple[str, ...]
         run.prompts: (keys.ROLLOUT_GROUP,),
         run.rollouts: (keys.REWARD_GROUP,),
         run.scored: (keys.LEARNER_GROUP, filter_group),
-        run.events: (keys.CONTROLLER_GROUP,),
+        **{run.events_of(role): (keys.CONTROLLER_GROUP,) for role in keys.SENDERS},
         run.estimates: (keys.CONTROLLER_GROUP,),
     }
 

@@ -12,6 +12,7 @@ prompts, recording the step), so a crash leaves either both or neither.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from contextlib import AbstractContextManager
@@ -24,12 +25,14 @@ from magic.config.schema import RunSpec, StageConfig
 from magic.protocol import keys
 from magic.protocol.status import Phase, RunStatus
 from magic.store.channels import RunChannels
-from magic.store.heartbeat import alive_workers
+from magic.store.heartbeat import HEARTBEAT_TTL, alive_workers
 from magic.runtime.files import write_durably
 from magic.store.lease import CONTROLLER, ENDED, Direct, Lease, Writer
 from magic.store.retention import Retention
 from magic.store.steps import eval_scope, validation_scope
 
+
+log = logging.getLogger(__name__)
 
 class RunExists(Exception):
     pass
@@ -37,6 +40,38 @@ class RunExists(Exception):
 
 class RunBusy(Exception):
     pass
+
+
+class KeySquatted(Exception):
+    """A key of a run that does not exist yet is in Redis already (made by a process holding a
+    worker role's credentials, or left by an operator): the run is not created."""
+
+    def __init__(self, run_id: str, key: str, kind: str):
+        super().__init__(
+            f"run {run_id!r} cannot be created: Redis already holds its key {key} (a {kind}) though the run does not exist; "
+            "someone wrote it before the run (a worker role's credentials, or a leftover): inspect and delete it, or choose another run name"
+        )
+        self.key = key
+
+
+_CLAIM = """
+if redis.call('exists', KEYS[1]) == 1 then return {'exists'} end
+local active = redis.call('get', KEYS[4])
+if active and active ~= ARGV[2] then return {'busy', active} end
+local cursor = '0'
+repeat
+  local page = redis.call('scan', cursor, 'match', ARGV[1], 'count', 1000)
+  cursor = page[1]
+  if #page[2] > 0 then return {'squatted', page[2][1], redis.call('type', page[2][1])['ok']} end
+until cursor == '0'
+redis.call('set', KEYS[1], ARGV[3])
+redis.call('hset', KEYS[2], unpack(ARGV, 5))
+redis.call('zadd', KEYS[3], ARGV[4], ARGV[2])
+redis.call('set', KEYS[4], ARGV[2])
+return {'ok'}
+"""
+"""Create a run in one step: refused if it exists, another run is active, or any key of the run
+(`magic:{<run>}:*`) exists already; else its spec, state, index entry and the active pointer."""
 
 
 def finite(record: dict) -> dict:
@@ -73,27 +108,28 @@ class Runs:
     def lease(self, run_id: str, holder: str, ttl_seconds: float, role: str = CONTROLLER) -> Lease:
         return Lease(self.r, run_id, role, holder, ttl_seconds)
 
-    def channels(self, run_id: str, consumer: str, max_deliveries: int, fence: Lease | None = None) -> RunChannels:
-        return RunChannels(self.r, run_id, consumer, max_deliveries, fence)
+    def channels(self, run_id: str, consumer: str, max_deliveries: int, fence: Lease | None = None, heartbeat_ttl: float = HEARTBEAT_TTL) -> RunChannels:
+        """The controller's channels of run `run_id`."""
+        return RunChannels(self.r, run_id, "controller", consumer, max_deliveries, fence, heartbeat_ttl)
 
     def create(self, spec: RunSpec, extra_state: dict | None = None) -> "RunStore":
-        """Store a new run and make it the active one; raise RunExists / RunBusy."""
+        """Store a new run and make it the active one, in one script; raise RunExists / RunBusy, or
+        KeySquatted naming a key of the run that exists before it."""
         k = keys.RunKeys(spec.name)
-        if self.r.exists(k.spec):
-            raise RunExists(spec.name)
-        active = self.active()
-        if active is not None and active != spec.name:
-            raise RunBusy(active)
-        if not self.r.set(k.spec, spec.model_dump_json(), nx=True):
-            raise RunExists(spec.name)
         now = time.time()
         phase = Phase.estimate if spec.estimation else Phase.publish
         state = {"status": RunStatus.pending.value, "step": 0, "phase": phase.value, "stage": -1, "stage_start": 0, "created_at": now}
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(k.state, mapping={**state, **(extra_state or {})})
-        pipe.zadd(keys.RUN_INDEX, {spec.name: now})
-        pipe.set(keys.ACTIVE_RUN, spec.name)
-        pipe.execute()
+        fields = [str(x) for kv in {**state, **(extra_state or {})}.items() for x in kv]
+        got = [x.decode() if isinstance(x, bytes) else x for x in self.r.eval(
+            _CLAIM, 4, k.spec, k.state, keys.RUN_INDEX, keys.ACTIVE_RUN, k.all_keys_pattern(), spec.name, spec.model_dump_json(), now, *fields
+        )]
+        if got[0] == "exists":
+            raise RunExists(spec.name)
+        if got[0] == "busy":
+            raise RunBusy(got[1])
+        if got[0] == "squatted":
+            log.error("run %s: refused: key %s (%s) exists before the run", spec.name, got[1], got[2])
+            raise KeySquatted(spec.name, got[1], got[2])
         run = self[spec.name]
         run.run_dir.mkdir(parents=True, exist_ok=True)
         run.record_durably(spec=spec.model_dump(mode="json"), status=RunStatus.pending.value, created_at=now, step=0)

@@ -12,12 +12,12 @@ a group is genuine         `groups(k)` (`groups("estimation")`, `groups("validat
                            `groups("eval:<id>")`):
                            the SHA-256 of the PromptGroup it published
 step k is trained          `learner_state.last_step = k` +               learner, one MULTI (below)
-                           StepCompleted(k) on `events` + acks of the
+                           StepCompleted(k) on `events:learner` + acks of the
                            step's `scored` entries
 version v is announced     a WeightUpdate on `weights` (the newest       learner (weight transport)
                            entry is the authority)
 version v is loaded        `weight_versions` hash: worker -> version     rollout worker
-a worker cannot go on      WorkerError on `events`                       any service's serve loop
+a worker cannot go on      WorkerError on `events:<role>`                any service's serve loop
 =========================  ===========================================  ==========================
 
 The learner's commit of step k, idempotent under a crash at any point:
@@ -26,14 +26,15 @@ The learner's commit of step k, idempotent under a crash at any point:
 2. *prepare*: store StepCompleted(k) in `learner_state.prepared` (HSET);
 3. *announce* v(k+1) through the weight transport (an XADD on `weights`);
 4. *commit*: one MULTI — `last_step = k`, delete `prepared`, XACK the step's `scored` entries,
-   XADD StepCompleted(k) on `events`.
+   XADD StepCompleted(k) on `events:learner`.
 
 A learner restarting with `last_step = k - 1` finds one of three states: nothing prepared (it
 trains step k again from the same pending entries); prepared but v(k+1) not announced (same:
 the prepared record is dropped); prepared and v(k+1) announced (it completes step 4 with the
 prepared record — the weights rollout workers may already serve are the ones committed). The
-controller accepts a StepCompleted(k) only when `last_step >= k`, so a forged or stray event
-cannot move the barrier.
+controller accepts a StepCompleted(k) only from the learner's event stream, only when
+`last_step >= k`, and only once per step (`magic.controller.events`), so a forged or stray event
+cannot move the barrier or change a step's record.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class StepStore:
             tx.hdel(self.keys.learner_state, "prepared", "prepared_coef")
             if entry_ids:
                 tx.xack(self.keys.scored, scored_group, *entry_ids)
-            tx.xadd(self.keys.events, codec.encode(pb.Event(run_id=self.run_id, at=time.time(), source=source, step_completed=done)))
+            tx.xadd(self.keys.events_of("learner"), codec.encode(pb.Event(run_id=self.run_id, at=time.time(), source=source, step_completed=done)))
 
     def last_trained(self) -> int:
         """The learner's committed `last_step` (-1 before the first)."""

@@ -73,7 +73,7 @@ def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
     return [x for kv in fields.items() for x in kv]
 
 
-def _letter(stream: str, entry: Entry, reason: str, consumer: str) -> pb.DeadLetter:
+def _letter(stream: str, entry: Entry, reason: str, consumer: str, keep_payload: bool = True) -> pb.DeadLetter:
     payload = entry.fields.get(codec.PAYLOAD_FIELD, b"")
     return pb.DeadLetter(
         stream=stream,
@@ -82,7 +82,7 @@ def _letter(stream: str, entry: Entry, reason: str, consumer: str) -> pb.DeadLet
         deliveries=entry.deliveries,
         consumer=consumer,
         type=entry.fields.get(codec.TYPE_FIELD, b"").decode(errors="replace")[:200],
-        payload=payload[:DEAD_LETTER_PAYLOAD_MAX],
+        payload=payload[:DEAD_LETTER_PAYLOAD_MAX] if keep_payload else b"",
         payload_bytes=len(payload),
     )
 
@@ -102,17 +102,32 @@ class Stream:
             tx.xadd(self.key, codec.encode(msg), maxlen=maxlen, approximate=True)
         return _s(tx.replies[0])
 
-    def newest(self, cls: type[M], check: Callable[[M], str | None] | None = None, scan: int = 64) -> tuple[str, M] | None:
-        """The newest entry that decodes as `cls` and passes `check` (poison entries after it are
-        skipped), or None when there is none among the last `scan` entries."""
-        for entry_id, fields in self.r.xrevrange(self.key, count=scan):
-            try:
-                msg = codec.decode(fields, cls)
-            except codec.PoisonMessage:
-                continue
-            if check is None or check(msg) is None:
-                return _s(entry_id), msg
-        return None
+    def newest(
+        self, cls: type[M], check: Callable[[M], str | None] | None = None, rank: Callable[[M], tuple] | None = None, page: int = 256
+    ) -> tuple[str, M] | None:
+        """The newest entry that decodes as `cls` and passes `check` (poison and refused entries are
+        skipped, however many), or None when the stream holds none. With `rank`, the entry of the
+        highest rank instead (the newest among equals): an announcement replayed after newer ones,
+        or junk appended after them, does not hide the newest version. Reads the stream backwards,
+        `page` entries at a time (a fan-out stream is trimmed to a few steps' entries)."""
+        best: tuple[tuple, str, M] | None = None
+        last = "+"
+        while True:
+            rows = self.r.xrevrange(self.key, max=last, count=page)
+            for entry_id, fields in rows:
+                try:
+                    msg = codec.decode(fields, cls)
+                except codec.PoisonMessage:
+                    continue
+                if check is not None and check(msg) is not None:
+                    continue
+                if rank is None:
+                    return _s(entry_id), msg
+                if best is None or rank(msg) > best[0]:
+                    best = (rank(msg), _s(entry_id), msg)
+            if len(rows) < page:
+                return None if best is None else (best[1], best[2])
+            last = "(" + _s(rows[-1][0])
 
     def read_after(
         self, last_id: str, cls: type[M], block_ms: int | None = None, count: int = 100, *, poison: Callable[[Entry, str], None] | None = None
@@ -304,9 +319,10 @@ class ConsumerGroup:
             return []
         return [Entry(_s(i), f or {}) for i, f in self.r.xclaim(self.stream, self.group, self.consumer, min_idle_ms, ids)]
 
-    def dead_letter(self, entry: Entry, reason: str) -> None:
-        """Move `entry` to the dead-letter stream with `reason`, then acknowledge it."""
-        letter = _letter(self.stream, entry, reason, self.consumer)
+    def dead_letter(self, entry: Entry, reason: str, keep_payload: bool = True) -> None:
+        """Move `entry` to the dead-letter stream with `reason` (and the first 256 KiB of its
+        payload, unless not `keep_payload`: a one-line letter), then acknowledge it."""
+        letter = _letter(self.stream, entry, reason, self.consumer, keep_payload)
         with self.writer.transaction() as tx:
             tx.xadd(self.dead_stream, codec.encode(letter), maxlen=self.dead_letters_max, approximate=True)
             tx.xack(self.stream, self.group, entry.id)

@@ -1,8 +1,8 @@
 """Transport `filesystem`: versioned safetensors directories on a volume every pod mounts.
 
 The learner publishes policy version k as a directory `<root>/v<k:06d>/` holding the Hugging
-Face `config.json` and `model.safetensors`, then writes a completion marker `COMPLETE` with the
-file's SHA-256 and size. A directory without the marker (a publish still in progress, or one
+Face `config.json` and `model.safetensors`, then writes a completion marker `COMPLETE` with each
+file's SHA-256 (the manifest; the weights' size too). A directory without the marker (a publish still in progress, or one
 that died half-way) is never loaded; a marker or file that does not match the announcement is
 refused with `WeightIntegrityError`. Old versions are garbage-collected, keeping the newest few.
 
@@ -93,11 +93,13 @@ class FilesystemWeightStore:
         save_file(tensors, str(weights), metadata={"format": "pt", "magic_version": str(version)})
         fsync_path(weights)
         (tmp / CONFIG_FILE).write_text(config_json)
+        fsync_path(tmp / CONFIG_FILE)
         checksum, size = sha256_file(weights), weights.stat().st_size
+        files = {WEIGHTS_FILE: checksum, CONFIG_FILE: sha256_file(tmp / CONFIG_FILE)}
         if final.exists():  # a previous attempt at this version (learner restarted mid-publish)
             shutil.rmtree(final)
         os.replace(tmp, final)
-        write_durably(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size}))
+        write_durably(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size, "files": files}))
         return final, checksum, size
 
     def publish(self, run_id: str, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> pb.WeightUpdate:
@@ -125,6 +127,9 @@ class FilesystemWeightStore:
         if not weights.exists() or weights.stat().st_size != meta.get("num_bytes") or (num_bytes and num_bytes != meta.get("num_bytes")):
             raise WeightIntegrityError(f"weights v{version}: {weights} is missing or has the wrong size")
         if check_hash:
+            for name, digest in (meta.get("files") or {}).items():
+                if name != WEIGHTS_FILE and (not (directory / name).is_file() or sha256_file(directory / name) != digest):
+                    raise WeightIntegrityError(f"weights v{version}: {directory / name} is missing or does not match its SHA-256 in {MARKER}")
             actual = sha256_file(weights)
             if actual != meta.get("checksum") or (checksum and actual != checksum):
                 raise WeightIntegrityError(

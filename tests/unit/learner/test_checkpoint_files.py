@@ -119,3 +119,54 @@ def test_checkpoint_loads_in_vllm_as_is(checkpoint, tmp_path):
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=8, do_sample=False, min_new_tokens=8)
     assert got["ids"] == out[0, len(prompt_ids):].tolist()
+
+
+def test_the_manifest_lists_every_files_digest_and_a_change_of_any_byte_is_caught(checkpoint, tmp_path):
+    """Tensor data zeroed with the file's size and safetensors header kept (blocks a disk lost or a
+    hostile writer replaced) passes every cheap check, and fails the digest check."""
+    import shutil
+
+    from magic.learner.checkpoints import COMPLETE, problem, unusable, verify
+
+    ckpt, _ = checkpoint
+    manifest = json.loads((ckpt / COMPLETE).read_text())
+    assert manifest["step"] == 0 and manifest["epoch"] == 0
+    on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file() and p.name != COMPLETE}
+    assert set(manifest["files"]) == on_disk and all(len(e["sha256"]) == 64 for e in manifest["files"].values())
+    copy = tmp_path / "step-00000000"
+    shutil.copytree(ckpt, copy)
+    weights = copy / "model.safetensors"
+    header = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.seek(header)
+        f.write(b"\0" * (size - header))
+    assert weights.stat().st_size == size and problem(copy) is None  # sizes and header as written
+    assert "model.safetensors does not match its SHA-256" in verify(copy)
+    assert "does not match its SHA-256" in unusable(copy)
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_checkpoint_is_renamed_into_place_only_through_its_fence(model_dir, tmp_path):
+    """The writer's fence is asked before the rename: refused, nothing lands; an intact checkpoint of
+    the step is never replaced (the second writer's copy is dropped); a damaged one is."""
+    from magic.learner.checkpoints import COMPLETE, step_dir, verify
+
+    policy = modeling.load_model(model_dir)
+    trainer = Trainer(TorchBackend(policy, OPTIM, torch.device("cpu")), OPTIM, pad_id=0, micro_batch_tokens=256)
+
+    def refuse():
+        raise RuntimeError("the lease of learner A was lost")
+
+    trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=refuse, epoch=1)
+    assert not step_dir(tmp_path, 3).exists() and not list(tmp_path.iterdir())
+    trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=2)
+    first = (step_dir(tmp_path, 3).stat().st_ino, (step_dir(tmp_path, 3) / COMPLETE).read_text())
+    assert json.loads(first[1])["epoch"] == 2
+    trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=3)
+    assert (step_dir(tmp_path, 3).stat().st_ino, (step_dir(tmp_path, 3) / COMPLETE).read_text()) == first
+    (step_dir(tmp_path, 3) / "trainer_state.json").write_text('{"step": 3, "entropy_controller": {}}')  # same size? no matter: damaged
+    assert verify(step_dir(tmp_path, 3)) is not None
+    trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=3)
+    assert verify(step_dir(tmp_path, 3)) is None and json.loads((step_dir(tmp_path, 3) / COMPLETE).read_text())["epoch"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000003"]

@@ -20,7 +20,7 @@ from magic.controller.api.deps import Authorized, Controller, ControllerDep, inv
 from magic.controller.api.views import RunView, run_view
 from magic.controller.datasets import DatasetError
 from magic.protocol.status import TERMINAL, RunStatus
-from magic.store.runs import RunBusy, RunExists
+from magic.store.runs import KeySquatted, RunBusy, RunExists
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -86,6 +86,8 @@ def create_run(spec: RunSpec, c: ControllerDep) -> RunView:
             raise HTTPException(status.HTTP_409_CONFLICT, f"a run named {spec.name!r} already exists") from None
         except RunBusy as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"run {exc.args[0]!r} is active; stop it first") from None
+        except KeySquatted as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
         c.start_driver(spec.name)
     return run_view(c, spec.name)
 
