@@ -90,6 +90,8 @@ class EventInbox:
         kind = event.WhichOneof("kind")
         if kind == "step_completed":
             k = event.step_completed.step
+            if k in self.completed and self.completed[k][0] == entry.id:
+                return  # the same entry again (this consumer's pending entries are re-read after a reclaim)
             if k < self.store.metrics_count() or k in self.completed:
                 group.ack(entry.id)  # write-once: a replay of a step received or recorded already
                 log.warning("run %s: StepCompleted(%d) again (entry %s of %s): acknowledged, not applied", self.channels.run_id, k, entry.id, group.stream)

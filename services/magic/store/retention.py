@@ -31,6 +31,7 @@ import redis
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.lease import Direct, LeaseLost, RedisLostData, RunEnded, Writer
+from magic.store.streams import DEAD_LETTERS_MAX
 from magic.store.steps import validation_scope
 
 log = logging.getLogger(__name__)
@@ -149,13 +150,16 @@ def release_acknowledged(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[s
 
 def release_step(r: redis.Redis, run: keys.RunKeys, needed_by: Mapping[str, Sequence[str]], served_version: int, writer: Writer | None = None) -> dict[str, int]:
     """Step k is recorded and every live rollout worker serves `served_version` (k + 1): trim the
-    work streams and the weight announcements of older versions, and drop the bookkeeping hashes
+    work streams, the weight announcements of older versions and each role's dead letters beyond
+    the newest `DEAD_LETTERS_MAX` (a role's credentials can append without MAXLEN), and drop the bookkeeping hashes
     (`step`, `groups`) of step k - 1: its record is in the run's metrics list, and no worker
     generates for it any more (a worker drops groups of a version it no longer serves)."""
     writer = writer or Direct(r)
     removed = release_acknowledged(r, run, needed_by, writer)
     bound = weights_bound(r, run.weights, served_version)
     with writer.transaction() as tx:
+        for dead in run.dead_streams():  # a role's credentials can append letters without MAXLEN: the newest are kept
+            tx.xtrim(dead, maxlen=DEAD_LETTERS_MAX, approximate=True)
         if served_version >= 2:  # step k - 1's hashes: a late copy of step k may still be checked against groups(k)
             tx.delete(run.step(served_version - 2), run.groups(served_version - 2), run.groups(validation_scope(served_version - 2)))
         if bound:
