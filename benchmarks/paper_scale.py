@@ -207,12 +207,17 @@ def _dataset(path: Path, n: int) -> None:
 
 
 def _redis_figures(r, k) -> dict:
+    from magic.store.channels import stream_keys
+
     mem = r.info("memory")
     stats = r.info("stats")
     pipe = r.pipeline(transaction=False)
-    for name in STREAMS:
-        pipe.xlen(getattr(k, name))
-    lengths = dict(zip(STREAMS, pipe.execute()))
+    plan = [(name, key) for name in STREAMS for key in stream_keys(k, name)]  # events and dead: a stream per role
+    for _, key in plan:
+        pipe.xlen(key)
+    lengths = dict.fromkeys(STREAMS, 0)
+    for (name, _), n in zip(plan, pipe.execute()):
+        lengths[name] += n
     return {"used_memory": int(mem["used_memory"]), "net_bytes": int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"]), "streams": lengths}
 
 

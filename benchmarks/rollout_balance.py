@@ -47,7 +47,7 @@ def run_case(name: str, assign, args, model_dir: Path, scratch: Path) -> float:
     spec = {"name": "bench", "model": str(model_dir), "train_files": ["unused.jsonl"], "stages": [{"steps": 1, "T": args.long_tokens, "D_R": args.groups, "gs": args.n}]}
     r.set(k.spec, json.dumps(spec))
     model = modeling.load_model(model_dir)
-    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, "bench"), root=scratch / name / "weights",
+    sender = make_sender(FilesystemTransportConfig(), channels=RunChannels(r, "bench", "learner"), root=scratch / name / "weights",
                          config_json=model.config.to_json_string(), keep=2)
     r.xgroup_create(k.prompts, "rollout", id="0", mkstream=True)
     for i in range(args.groups):

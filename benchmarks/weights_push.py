@@ -111,7 +111,7 @@ def main() -> None:
         for transport in ({"type": "filesystem"}, {"type": "http", "host": "127.0.0.1", "port": 0, "advertise_url": None}):
             r.flushall()
             config = LearnerSettings.model_validate({"weight_transport": transport}).weight_transport
-            sender = make_sender(config, channels=RunChannels(r, "bench"), root=scratch / transport["type"] / "learner",
+            sender = make_sender(config, channels=RunChannels(r, "bench", "learner"), root=scratch / transport["type"] / "learner",
                                  config_json="{}", keep=2)
             wire = dict(transport)
             if transport["type"] == "http":

@@ -164,28 +164,36 @@ def test_junk_and_replayed_announcements_never_fail_the_run(world):
     assert [r["step"] for r in world.api.get(f"/v1/runs/{run}/metrics").json()] == list(range(5))
     reasons = [d.reason for d in dead_letters(world.r, run)]
     assert sum("poison message" in r for r in reasons) == 70, reasons
-    assert sum("is older than v3, which this worker serves (a replay)" in r for r in reasons) == 1, reasons
+    assert sum("v1 is older than v3, announced before it (a replay)" in r for r in reasons) == 1, reasons
 
 
-def test_a_paused_learner_never_replaces_the_checkpoint_its_replacement_wrote(world):
+@pytest.mark.parametrize("b_checkpoints", [True, False], ids=["b-wrote-checkpoint-2", "no-checkpoint-2"])
+def test_a_paused_learner_never_writes_a_checkpoint_once_replaced(world, b_checkpoints):
     """Learner A stops before training step 2 (SIGSTOP: a GC pause, a partition); learner B takes
-    the lease, trains step 2 and writes checkpoint 2; A, resumed, trains step 2 again and writes
-    its checkpoint into a hidden directory, whose rename the fence refuses: checkpoint 2 stays B's."""
-    run = "ckpt-fenced"
+    the lease and trains on. A, resumed, trains step 2 again and writes its checkpoint into a hidden
+    directory, which never lands: where B wrote checkpoint 2, B's (a newer epoch) is kept untouched;
+    where B wrote none, the fence (A no longer holds the lease) refuses the rename."""
+    run = "ckpt-fenced-" + ("b" if b_checkpoints else "none")
     world.restart("learner", ["learner.collected@2:pause"])
     world.submit(run, steps=4)
     a = world.sup.get("learner")
     wait_for(lambda: Path(f"/proc/{a.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", 90, "learner A to pause")
-    world.sup.start("learner-b", "magic.learner", world.role_env("learner"))
+    world.sup.start("learner-b", "magic.learner", {**world.role_env("learner"), "MAGIC_CHECKPOINT_EVERY": "1" if b_checkpoints else "0"})
     ckpt = Path(world.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / "step-00000002"
-    wait_for(lambda: (ckpt / "COMPLETE").exists(), 120, "learner B's checkpoint 2")
-    before = (ckpt.stat().st_ino, (ckpt / "COMPLETE").read_text())
-    epoch_b = json.loads(before[1])["epoch"]
+    wait_for(lambda: recorded(world, run) >= 3, 120, "learner B to train step 2")
+    if b_checkpoints:
+        wait_for(lambda: (ckpt / "COMPLETE").exists(), 30, "learner B's checkpoint 2")
+        before = (ckpt.stat().st_ino, (ckpt / "COMPLETE").read_text())
+        assert json.loads(before[1])["epoch"] == 2  # A took epoch 1, B epoch 2
     os.kill(a.proc.pid, signal.SIGCONT)
-    wait_for(lambda: "checkpoint step-00000002 not written" in a.log_tail(200), 60, "A's refused checkpoint")
+    expected = "checkpoint step-00000002 exists and is intact (epoch 2): kept" if b_checkpoints else "checkpoint step-00000002 not written"
+    wait_for(lambda: expected in a.log_tail(300), 60, f"A's copy dropped ({expected})")
     status = finish(world, run)
     assert_exactly_once(world, run, 4, status)
-    assert (ckpt.stat().st_ino, (ckpt / "COMPLETE").read_text()) == before and epoch_b > 1
+    if b_checkpoints:
+        assert (ckpt.stat().st_ino, (ckpt / "COMPLETE").read_text()) == before
+    else:
+        assert not ckpt.exists() and "may no longer write" in a.log_tail(300)
     assert not list(ckpt.parent.glob(".step-*")), "A's hidden copy is removed"
     world.sup.kill("learner-b")
     world.restart("learner")

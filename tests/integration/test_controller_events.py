@@ -86,9 +86,12 @@ def test_a_workers_error_fails_the_run_only_once_no_worker_of_its_service_is_liv
     beat("rollout-1")
     send(r, "rollout", worker_error=pb.WorkerError(service="rollout", message="CUDA error on one pod"))
     inbox.poll()  # rollout-1 is live: one pod's failure
+    pending = lambda: r.xpending(K.events_of("rollout"), keys.CONTROLLER_GROUP)["pending"]  # noqa: E731
+    assert pending() == 1  # kept pending while it may still fail the run: a restarted controller reads it again
     time.sleep(0.6)
     beat("rollout-1")
     inbox.poll()  # past the grace with a live worker: dropped
+    assert pending() == 0
     r.delete(keys.heartbeat("rollout", "rollout-1"))
     inbox.poll()  # nothing pending any more: no failure
     send(r, "rollout", worker_error=pb.WorkerError(service="rollout", message="model is gone"))

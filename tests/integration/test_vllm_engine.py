@@ -351,7 +351,7 @@ def _worker_generating(r, server, engine, tmp_path, model_dir, group_id: str):
     freeze(server)  # the group stays on the server, unfinished, until the test thaws it (or kills it)
     _publish_prompt(r, group_id, 0, max_tokens=MAX_MODEL_LEN - 40)
     while not worker._work:
-        assert time.monotonic() < deadline, f"the worker never took group {group_id} ({_rollouts(r)=}, {r.xlen(keys.RunKeys(RUN).dead_of("rollout"))=})"
+        assert time.monotonic() < deadline, f"the worker never took group {group_id} ({_rollouts(r)=}, {r.xlen(keys.RunKeys(RUN).dead_of('rollout'))=})"
         worker.poll()
     return worker
 

@@ -63,7 +63,7 @@ def create_app(settings: ControllerSettings | None = None, r: Redis | None = Non
         elif not settings.read_requires_token:
             log.info("GET routes are open (MAGIC_READ_REQUIRES_TOKEN=false): anyone who reaches the API sees run specs and dataset paths")
         conn = r or client(settings.redis_url, health_check_interval=30)
-        controller = Controller(settings, Runs(conn, settings.data_dir), DatasetRegistry(DatasetIndex(conn)))
+        controller = Controller(settings, Runs(conn, settings.data_dir, settings.heartbeat_ttl_seconds), DatasetRegistry(DatasetIndex(conn)))
         app.state.controller = controller
         controller.resume_active()
         # /metrics and the probes on a port of their own (MAGIC_METRICS_PORT): Prometheus and the

@@ -257,7 +257,7 @@ class StepDriver(threading.Thread):
         return spec
 
     def _open_consumers(self) -> None:
-        self.events = EventInbox(self.channels, self.steps, self.store, GROUP, error_grace_seconds=3 * self.settings.heartbeat_ttl_seconds)
+        self.events = EventInbox(self.channels, self.steps, self.store, GROUP, error_grace_seconds=3 * self.settings.heartbeat_ttl_seconds + 60)
         scored = self.channels.group("scored", self.settings.filter_group)
         self.estimates = self.channels.group("estimates", GROUP)
         self.plan = StagePlan(self.store, self.steps, scored)

@@ -40,8 +40,9 @@ WorkerError's message is cut at 4000 characters): a larger entry is dead-lettere
 
 @dataclass
 class _PendingError:
-    event: pb.Event
-    since: float
+    event: pb.Event  # the newest error of the role
+    entry_id: str  # its entry, acknowledged once the error is dropped (pending meanwhile: a restarted controller reads it again)
+    since: float  # when the role's first pending error arrived
 
 
 class EventInbox:
@@ -98,12 +99,18 @@ class EventInbox:
                 return
             self.completed[k] = (entry.id, event.step_completed)
             return  # acknowledged once the step is recorded
+        if kind == "worker_error" and role != "learner":
+            pending = self._errors.get(role)
+            if pending is not None and pending.entry_id == entry.id:
+                return  # the same entry again
+            log.error("run %s: %s %s reports: %s", self.channels.run_id, role, event.source, event.worker_error.message)
+            if pending is not None:
+                group.ack(pending.entry_id)  # the newest error of the role stands for it
+            self._errors[role] = _PendingError(event, entry.id, pending.since if pending else time.monotonic())
+            return
         group.ack(entry.id)
         if kind == "worker_error":
-            if role == "learner":
-                raise RunFailed(f"{event.worker_error.service} {event.source}: {event.worker_error.message}")
-            log.error("run %s: %s %s reports: %s", self.channels.run_id, role, event.source, event.worker_error.message)
-            self._errors.setdefault(role, _PendingError(event, time.monotonic()))
+            raise RunFailed(f"{event.worker_error.service} {event.source}: {event.worker_error.message}")
 
     def _problem(self, role: str, event: pb.Event) -> str | None:
         """Why `event`, read on `role`'s stream, is refused, or None."""
@@ -129,4 +136,5 @@ class EventInbox:
                 raise RunFailed(f"{error.service} {pending.event.source}: {error.message} (no {role} worker is live)")
             if time.monotonic() - pending.since > self.error_grace_seconds:
                 log.warning("run %s: %s's error is not the run's: %d %s workers are live (%s)", self.channels.run_id, pending.event.source, len(live), role, ", ".join(sorted(live)))
+                self.groups[role].ack(pending.entry_id)
                 del self._errors[role]

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -146,27 +147,32 @@ def _write_checkpoint(
         log.exception("writing checkpoint %s failed", final)
         shutil.rmtree(tmp, ignore_errors=True)
         return
+    root = final.parent
     if not _publish(tmp, final, fence, epoch):
         shutil.rmtree(tmp, ignore_errors=True)
         return
-    root = final.parent
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    _remove_leftovers(root, keep=tmp)
 
 
 def _publish(tmp: Path, final: Path, fence: Callable[[], None] | None, epoch: int) -> bool:
-    """Rename the written checkpoint `tmp` to `final`, fenced; False if it was not."""
+    """Rename the written checkpoint `tmp` to `final`, fenced; False if it was not. An intact
+    checkpoint of the step written under this epoch or a newer one is kept; one of an older epoch
+    (a learner that lost its lease before committing the step) or a damaged one is replaced."""
+    if final.exists():
+        why, theirs = verify(final), _epoch(final)
+        if why is None and theirs is not None and theirs >= epoch:
+            log.warning("checkpoint %s exists and is intact (epoch %s): kept, this learner's copy (epoch %d) dropped", final.name, theirs, epoch)
+            return False
     try:
         if fence is not None:
-            fence()
+            fence()  # last, right before the renames: the window a pause could slip through is two renames wide
     except Exception as exc:  # noqa: BLE001 — LeaseLost, RedisLostData, Redis away: not this learner's to write
         log.error("checkpoint %s not written: this learner (epoch %d) may no longer write (%s)", final.name, epoch, exc)
         return False
     if final.exists():
-        if verify(final) is None:
-            log.warning("checkpoint %s exists and is intact (epoch %s): kept, this learner's copy dropped", final.name, _epoch(final))
-            return False
-        log.warning("checkpoint %s exists but is damaged (%s): replaced", final.name, verify(final))
+        log.warning("checkpoint %s (epoch %s) replaced by this learner's (epoch %d): %s", final.name, _epoch(final), epoch, verify(final) or "an older epoch's")
         doomed = final.parent / f".{final.name}.damaged-{uuid.uuid4().hex[:8]}"
         os.rename(final, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -177,6 +183,14 @@ def _publish(tmp: Path, final: Path, fence: Callable[[], None] | None, epoch: in
         return False
     fsync_path(final.parent)
     return True
+
+
+def _remove_leftovers(root: Path, keep: Path) -> None:
+    """Hidden directories a killed writer left (a checkpoint cut short, one moved aside): every one
+    but `keep`, once its writer is gone (an hour old, as the weights' partial directories)."""
+    for d in root.glob(".step-*"):
+        if d != keep and d.is_dir() and (".partial-" in d.name or ".damaged-" in d.name) and time.time() - d.stat().st_mtime > 3600:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _epoch(directory: Path) -> int | None:
@@ -211,16 +225,24 @@ def unusable(directory: Path) -> str | None:
 
 
 def verify(directory: Path) -> str | None:
-    """Why checkpoint `directory` cannot be trusted, or None: `problem`, or a file whose SHA-256
-    is not its manifest's (hashes every file: seconds per GB)."""
+    """Why checkpoint `directory` cannot be trusted, or None: `problem`, a file on disk its manifest
+    does not list, or a file whose SHA-256 is not its manifest's (hashes every file: seconds per GB).
+    A manifest of sizes only (written before digests) is checked by size, with a warning."""
     if (why := problem(directory)) is not None:
         return why
-    manifest = json.loads((directory / COMPLETE).read_text())
-    for name, entry in manifest["files"].items():
-        if not isinstance(entry, dict) or "sha256" not in entry:
-            return f"its manifest has no digest of {name} (a checkpoint of an older MAGIC: export it again from a run of this one)"
-        if sha256_file(directory / name) != entry["sha256"]:
-            return f"{name} does not match its SHA-256 in {COMPLETE} (its bytes changed after it was written)"
+    try:
+        manifest = json.loads((directory / COMPLETE).read_text())
+        on_disk = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE}
+        if extra := sorted(on_disk - set(manifest["files"])):
+            return f"{extra[0]} is in the directory but not in its {COMPLETE} manifest (added after it was written)"
+        legacy = [name for name, entry in manifest["files"].items() if not isinstance(entry, dict) or "sha256" not in entry]
+        if legacy:
+            log.warning("checkpoint %s has no digests (written before MAGIC recorded them): checked by size only", directory)
+        for name, entry in manifest["files"].items():
+            if name not in legacy and sha256_file(directory / name) != entry["sha256"]:
+                return f"{name} does not match its SHA-256 in {COMPLETE} (its bytes changed after it was written)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 
@@ -236,7 +258,7 @@ def problem(directory: Path) -> str | None:
         for name, entry in files.items():
             size = entry.get("bytes") if isinstance(entry, dict) else entry
             path = directory / name
-            if ".." in Path(name).parts or not path.is_file() or path.stat().st_size != size:
+            if Path(name).is_absolute() or ".." in Path(name).parts or not path.is_file() or path.stat().st_size != size:
                 return f"{name} is missing or has {path.stat().st_size if path.is_file() else 0} bytes, not {size}"
         state = read_trainer_state(directory)
         if not isinstance(state.get("step"), int) or "entropy_controller" not in state:

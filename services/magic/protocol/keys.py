@@ -201,3 +201,11 @@ class RunKeys:
 
     def all_keys_pattern(self) -> str:
         return f"{self._p}:*"
+
+    def fixed_keys(self) -> list[str]:
+        """Every key of the run whose name does not depend on a step, stage or scope: among them all
+        those a worker role's ACL user may create (`magic.store.runs`' claim checks them)."""
+        names = [getattr(self, n) for n, v in vars(RunKeys).items() if isinstance(v, property) and not n.startswith("_")]
+        names += [self.events_of(role) for role in SENDERS] + [self.dead_of(role) for role in ROLES] + [f"{self.dead_of(role)}:seen" for role in ROLES]
+        names += [k for role in ("controller", "learner") for k in (self.lease(role), self.epoch(role), self.seq(role))]
+        return names

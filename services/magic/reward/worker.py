@@ -86,7 +86,7 @@ class RewardWorker(Worker):
         return {"groups_scored": self.groups_scored}
 
     def poll(self) -> None:
-        entries = self.rollouts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self.rollouts.read(count=self.settings.read_groups, block_ms=500)
+        entries = self.rollouts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2, self.settings.heartbeat_ttl_seconds) or self.rollouts.read(count=self.settings.read_groups, block_ms=500)
         batch = [(e, g) for e in entries if (g := self.rollouts.decode(e, pb.RolloutGroup, check=self._problem)) is not None]
         if batch:
             self.score(batch)

@@ -91,6 +91,7 @@ class RolloutWorker(Worker):
         self.steps = channels.steps
         self.armed = settings.armed_faults
         self._newest_epoch = 0  # of the learner lease, among the announcements read
+        self._newest_version = -1  # among the announcements read: an older one after it is a replay
         self._weights_cursor = self._newest_cursor()
         self._weight_failures = 0
         self._work: dict[str, _Work] = {}  # entry id -> group in the engine
@@ -144,7 +145,7 @@ class RolloutWorker(Worker):
         """Fill the engine's free slots with ready groups: held ones first, then new ones, then stragglers."""
         ready = self._take_ready(self._held)
         if self._has_room(len(ready)):
-            entries = self.prompts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2) or self._read(block=not self._work and not ready)
+            entries = self.prompts.reclaim_if_due(SERVICE, self.settings.heartbeat_ttl_seconds / 2, self.settings.heartbeat_ttl_seconds) or self._read(block=not self._work and not ready)
             decoded = [(e, g) for e in entries if (g := self.prompts.decode(e, pb.PromptGroup, check=self.steps.check_group)) is not None]
             ready += self._take_ready(decoded, keep_held=True)
         if not ready and not self._work:
@@ -276,12 +277,14 @@ class RolloutWorker(Worker):
         valid = []
         for entry_id, u in updates:  # authenticated: this run's learner, a lease epoch that exists and is current
             problem = self.steps.announcement_problem(u, self._newest_epoch)
-            if problem is None and u.version < self.engine.version:
-                problem = f"v{u.version} is older than v{self.engine.version}, which this worker serves (a replay)"
+            newest = max(self.engine.version, self._newest_version)
+            if problem is None and u.version < newest:
+                problem = f"v{u.version} is older than v{newest}, announced before it (a replay)"
             if problem is not None:
                 self._poisoned_weights(Entry(entry_id, codec.encode(u)), f"refused WeightUpdate: {problem}")
                 continue
             self._newest_epoch = max(self._newest_epoch, u.epoch)
+            self._newest_version = max(self._newest_version, u.version)
             valid.append((entry_id, u))
         updates = valid
         if not updates:

@@ -30,14 +30,12 @@ import signal
 import threading
 from collections.abc import Callable
 
-import redis
-
 from magic.config.settings import ServiceSettings
 from magic.observability.logs import redact_url, setup_logging
 from magic.observability.metrics import declare_service, registry_of, serve_http
 from magic.runtime.liveness import LoopWatch
 from magic.store.channels import RunChannels
-from magic.store.client import answers, connect, is_retryable, run_gone, wait_for_redis
+from magic.store.client import NoPermission, answers, connect, is_retryable, run_gone, wait_for_redis
 from magic.store.heartbeat import Heartbeat
 from magic.store.lease import LeaseLost, RunEnded
 from magic.store.runs import active_run
@@ -148,7 +146,7 @@ def serve(service: str, settings: ServiceSettings, attach: Callable[[RunChannels
                     backoff = min(backoff * 2, 5.0)
                     continue
                 if not is_retryable(exc):
-                    if isinstance(exc, redis.exceptions.NoPermissionError):
+                    if isinstance(exc, NoPermission):
                         log.error("%s %s: Redis refused a command to role %s's ACL user: %s", service, settings.worker_name, service, exc)
                     log.exception("%s %s: fatal error", service, settings.worker_name)
                     if channels is not None and run_id is not None:

@@ -17,7 +17,7 @@ own service. Nothing else: no role reads, claims, acknowledges, trims or deletes
 another role, and only the controller changes a run's state, spec or its write counter `seq`.
 What an ACL cannot express — an entry's size, a heartbeat's freshness, a key created before
 its run — the reader checks (`docs/security.md`, "The bus"). The same matrix is stated there and
-tests/deploy/test_acl_matrix.py probes a real Redis with each role's credentials against it.
+tests/integration/test_acl_matrix.py probes a real Redis with each role's credentials against it.
 
 `rules(role, password)` gives the `ACL SETUSER` arguments; `create_users(r, passwords)` applies
 them (`magic local`, the tests); the Helm chart renders the same rules into Redis's ACL file

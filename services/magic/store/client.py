@@ -221,6 +221,10 @@ def client(url: str, patience: float = PATIENCE_SECONDS, **kwargs) -> redis.Redi
     return redis.Redis.from_url(url, retry=RefusalRetry(patience), **kwargs)
 
 
+NoPermission = redis.exceptions.NoPermissionError
+"""Redis refused a command to this process's ACL user (NOPERM: `magic.store.acl`)."""
+
+
 class RunGone(RuntimeError):
     """A run's spec is not in Redis (the run was never created, or Redis lost it)."""
 

@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_TTL = 10.0
 """Seconds a heartbeat stays valid unless the settings say otherwise (`ServiceSettings.heartbeat_ttl_seconds`)."""
-CLOCK_SKEW = 5.0
-"""Seconds a heartbeat's own timestamp may differ from the reader's clock (pods' clocks disagree a little)."""
+CLOCK_SKEW = 30.0
+"""Seconds a heartbeat's own timestamp may differ from the reader's clock (pods' clocks disagree a
+little; a pod's clock further off makes its worker count as dead, logged with the offset). A
+heartbeat written once and never refreshed counts for at most `max_age` + twice this."""
 
 _refused: set[str] = set()
 

@@ -58,20 +58,20 @@ _CLAIM = """
 if redis.call('exists', KEYS[1]) == 1 then return {'exists'} end
 local active = redis.call('get', KEYS[4])
 if active and active ~= ARGV[2] then return {'busy', active} end
-local cursor = '0'
-repeat
-  local page = redis.call('scan', cursor, 'match', ARGV[1], 'count', 1000)
-  cursor = page[1]
-  if #page[2] > 0 then return {'squatted', page[2][1], redis.call('type', page[2][1])['ok']} end
-until cursor == '0'
+for i = 5, #KEYS do
+  if redis.call('exists', KEYS[i]) == 1 then return {'squatted', KEYS[i], redis.call('type', KEYS[i])['ok']} end
+end
 redis.call('set', KEYS[1], ARGV[3])
 redis.call('hset', KEYS[2], unpack(ARGV, 5))
 redis.call('zadd', KEYS[3], ARGV[4], ARGV[2])
 redis.call('set', KEYS[4], ARGV[2])
 return {'ok'}
 """
-"""Create a run in one step: refused if it exists, another run is active, or any key of the run
-(`magic:{<run>}:*`) exists already; else its spec, state, index entry and the active pointer."""
+"""Create a run in one step: refused if it exists, another run is active, or any of its keys with a
+fixed name (every key a worker role may create: `RunKeys.fixed_keys`) exists already; else its
+spec, state, index entry and the active pointer. (A SCAN of the run's pattern before it finds the
+rest: no worker role can create those, and a SCAN inside a script would block Redis for as long
+as the whole keyspace takes.)"""
 
 
 def finite(record: dict) -> dict:
@@ -93,17 +93,19 @@ class Runs:
     """Every run the controller knows: the index, the active-run pointer, creation — in Redis,
     and in each run's durable record (`RECORD_FILE`), which outlives a Redis that lost it."""
 
-    def __init__(self, r: redis.Redis, data_dir: Path):
+    def __init__(self, r: redis.Redis, data_dir: Path, heartbeat_ttl: float = HEARTBEAT_TTL):
         self.r = r
         self.data_dir = Path(data_dir)
+        self.heartbeat_ttl = heartbeat_ttl
+        """A heartbeat older than this is no live worker (`magic.store.heartbeat.alive_workers`)."""
 
     def __getitem__(self, run_id: str) -> "RunStore":
         """Run `run_id`'s state as the API sees it (whether or not it exists: `spec` is None if not)."""
-        return RunStore(self.r, run_id, self.data_dir)
+        return RunStore(self.r, run_id, self.data_dir, heartbeat_ttl=self.heartbeat_ttl)
 
     def store(self, run_id: str, writer: Writer) -> "RunStore":
         """Run `run_id`'s state written by `writer` (the lease of the run's driver)."""
-        return RunStore(self.r, run_id, self.data_dir, writer)
+        return RunStore(self.r, run_id, self.data_dir, writer, self.heartbeat_ttl)
 
     def lease(self, run_id: str, holder: str, ttl_seconds: float, role: str = CONTROLLER) -> Lease:
         return Lease(self.r, run_id, role, holder, ttl_seconds)
@@ -120,8 +122,15 @@ class Runs:
         phase = Phase.estimate if spec.estimation else Phase.publish
         state = {"status": RunStatus.pending.value, "step": 0, "phase": phase.value, "stage": -1, "stage_start": 0, "created_at": now}
         fields = [str(x) for kv in {**state, **(extra_state or {})}.items() for x in kv]
+        if self.r.exists(k.spec):
+            raise RunExists(spec.name)
+        for key in self.r.scan_iter(match=k.all_keys_pattern(), count=1000):
+            kind = self.r.type(key).decode()
+            log.error("run %s: refused: key %s (%s) exists before the run", spec.name, key.decode(), kind)
+            raise KeySquatted(spec.name, key.decode(), kind)
+        fixed = [key for key in k.fixed_keys() if key not in (k.spec, k.state)]
         got = [x.decode() if isinstance(x, bytes) else x for x in self.r.eval(
-            _CLAIM, 4, k.spec, k.state, keys.RUN_INDEX, keys.ACTIVE_RUN, k.all_keys_pattern(), spec.name, spec.model_dump_json(), now, *fields
+            _CLAIM, 4 + len(fixed), k.spec, k.state, keys.RUN_INDEX, keys.ACTIVE_RUN, *fixed, "", spec.name, spec.model_dump_json(), now, *fields
         )]
         if got[0] == "exists":
             raise RunExists(spec.name)
@@ -167,13 +176,14 @@ class Runs:
 class RunStore:
     """One run's state in Redis (and its metrics.jsonl under the data directory)."""
 
-    def __init__(self, r: redis.Redis, run_id: str, data_dir: Path, writer: Writer | None = None):
+    def __init__(self, r: redis.Redis, run_id: str, data_dir: Path, writer: Writer | None = None, heartbeat_ttl: float = HEARTBEAT_TTL):
         self.r = r
         self.run_id = run_id
         self.keys = keys.RunKeys(run_id)
         self.data_dir = Path(data_dir)
         self.writer = writer or Direct(r)
         """The driver's lease (`magic.store.lease`): its writes are fenced; the API's are not."""
+        self.heartbeat_ttl = heartbeat_ttl
 
     @property
     def run_dir(self) -> Path:
@@ -258,7 +268,7 @@ class RunStore:
 
     def alive(self, service: str) -> dict[str, dict]:
         """Live workers of `service` attached to this run: name -> last heartbeat's status."""
-        return alive_workers(self.r, service, self.run_id)
+        return alive_workers(self.r, service, self.run_id, max_age=self.heartbeat_ttl)
 
     def status(self) -> RunStatus | None:
         raw = self.state().get("status")

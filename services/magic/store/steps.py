@@ -209,7 +209,15 @@ class StepStore:
             tx.hset(self.keys.weight_versions, worker, version)
 
     def served_versions(self) -> dict[str, int]:
-        return {a.decode(): int(b) for a, b in self.r.hgetall(self.keys.weight_versions).items()}
+        """Rollout worker -> the version it serves; a value that is no version (a rollout user's
+        credentials can write any) is left out, as a worker serving nothing."""
+        out = {}
+        for a, b in self.r.hgetall(self.keys.weight_versions).items():
+            try:
+                out[a.decode()] = int(b)
+            except ValueError:
+                continue
+        return out
 
 
 _CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")

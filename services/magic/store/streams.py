@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 from magic.observability.metrics import DEAD_LETTERS
 from magic.protocol import codec
 from magic.protocol.pb import messages_pb2 as pb
-from magic.store.heartbeat import alive_workers
+from magic.store.heartbeat import HEARTBEAT_TTL, alive_workers
 from magic.store.lease import Direct, Writer
 
 log = logging.getLogger(__name__)
@@ -245,14 +245,15 @@ class ConsumerGroup:
             out.extend(self._screen(entries, known_deliveries=True))
         return out
 
-    def reclaim_if_due(self, service: str, every_seconds: float) -> list[Entry]:
-        """`reclaim` from the consumers of `service` whose heartbeat expired, at most once per
-        `every_seconds` (each worker calls it from its loop; half the heartbeat TTL is usual)."""
+    def reclaim_if_due(self, service: str, every_seconds: float, heartbeat_ttl: float = HEARTBEAT_TTL) -> list[Entry]:
+        """`reclaim` from the consumers of `service` whose heartbeat expired (or is older than
+        `heartbeat_ttl`), at most once per `every_seconds` (each worker calls it from its loop; half
+        the heartbeat TTL is usual)."""
         now = time.monotonic()
         if now - self._last_reclaim < every_seconds:
             return []
         self._last_reclaim = now
-        return self.reclaim(alive_workers(self.r, service))
+        return self.reclaim(alive_workers(self.r, service, max_age=heartbeat_ttl))
 
     def reclaim_from_others_if_due(self, every_seconds: float) -> list[Entry]:
         """`reclaim` from every other consumer, at most once per `every_seconds`: for a group only

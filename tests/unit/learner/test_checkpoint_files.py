@@ -148,25 +148,36 @@ def test_the_manifest_lists_every_files_digest_and_a_change_of_any_byte_is_caugh
 
 
 def test_a_checkpoint_is_renamed_into_place_only_through_its_fence(model_dir, tmp_path):
-    """The writer's fence is asked before the rename: refused, nothing lands; an intact checkpoint of
-    the step is never replaced (the second writer's copy is dropped); a damaged one is."""
+    """The writer's fence is asked before the rename: refused, nothing lands. An intact checkpoint
+    of the step is replaced only by a newer epoch's (a learner that lost its lease before committing
+    the step wrote the older); a damaged one is replaced."""
     from magic.learner.checkpoints import COMPLETE, step_dir, verify
 
     policy = modeling.load_model(model_dir)
     trainer = Trainer(TorchBackend(policy, OPTIM, torch.device("cpu")), OPTIM, pad_id=0, micro_batch_tokens=256)
+    final = step_dir(tmp_path, 3)
 
     def refuse():
         raise RuntimeError("the lease of learner A was lost")
 
+    def written() -> tuple[int, str]:
+        return final.stat().st_ino, (final / COMPLETE).read_text()
+
     trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=refuse, epoch=1)
-    assert not step_dir(tmp_path, 3).exists() and not list(tmp_path.iterdir())
+    assert not final.exists() and not list(tmp_path.iterdir())
     trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=2)
-    first = (step_dir(tmp_path, 3).stat().st_ino, (step_dir(tmp_path, 3) / COMPLETE).read_text())
+    first = written()
     assert json.loads(first[1])["epoch"] == 2
+    for epoch in (2, 1):  # the same epoch again, a stale one: kept as it is
+        trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=epoch)
+        assert written() == first
     trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=3)
-    assert (step_dir(tmp_path, 3).stat().st_ino, (step_dir(tmp_path, 3) / COMPLETE).read_text()) == first
-    (step_dir(tmp_path, 3) / "trainer_state.json").write_text('{"step": 3, "entropy_controller": {}}')  # same size? no matter: damaged
-    assert verify(step_dir(tmp_path, 3)) is not None
+    assert written() != first and json.loads(written()[1])["epoch"] == 3
+    (final / "trainer_state.json").write_text('{"step": 3, "entropy_controller": {}}')  # damaged
+    assert verify(final) is not None
     trainer.save_checkpoint(tmp_path, 3, keep=5, background=False, fence=lambda: None, epoch=3)
-    assert verify(step_dir(tmp_path, 3)) is None and json.loads((step_dir(tmp_path, 3) / COMPLETE).read_text())["epoch"] == 3
+    assert verify(final) is None and json.loads((final / COMPLETE).read_text())["epoch"] == 3
+    (final / "model.safetensors.index.json").write_text('{"weight_map": {}}')  # from_pretrained would follow it; the manifest does not vouch for it
+    assert "model.safetensors.index.json is in the directory but not in its COMPLETE manifest" in verify(final)
+    (final / "model.safetensors.index.json").unlink()
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000003"]
