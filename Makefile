@@ -26,7 +26,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_DEBS ?= prometheus bubblewrap
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test proto venv vllm-venv clean test-debs test-vllm-stack
+.PHONY: run test proto venv vllm-venv clean test-debs test-vllm-stack images
 
 # The vLLM rollout engine's own virtualenv (docs/rollout.md): the
 # CPU build of vLLM pins transformers < 5.20 and fastapi < 0.137, so it stays out of .venv. The
@@ -117,6 +117,16 @@ $(VLLM_STAMP):
 	@$(call logged,$(VLLM_VENV)/bin/python -m pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec,$(VLLM_LOG))
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
+
+# The CPU images (controller, reward) built exactly from docker/ with podman on a Debian bookworm
+# base made here with mmdebstrap, and checked from the inside (entry point, imports, no torch, user
+# 10001, writable paths, the reward's sandbox); the GPU images' wheel stage; and broken Dockerfiles
+# that must fail (docker/check_images.py). Not part of `make test`: ~6 min cold, ~1 min warm
+# (docs/deploy.md, "Images").
+IMAGE_DEBS ?= podman mmdebstrap uidmap
+images:
+	@$(MAKE) --no-print-directory TEST_DEBS="$(IMAGE_DEBS)" test-debs
+	$(PYTHON) docker/check_images.py --gpu-wheels --broken $(IMAGES_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) .magic

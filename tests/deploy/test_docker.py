@@ -274,3 +274,21 @@ def test_workflow_builds_pushes_and_records_every_image():
     assert "image-digests.yaml" in collect and "digest:" in collect
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["home"].startswith("https://github.com/" + flow["env"]["REGISTRY"].split("/")[1] + "/")
+
+
+def test_workflow_checks_and_scans_each_image_before_it_pushes_it_with_pinned_actions():
+    """Every action pinned by commit (a tag can be moved); each image built into the runner's Docker,
+    checked from the inside by docker/check_images.py (what `make images` runs here) and scanned,
+    all before the step that pushes it."""
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "images.yml").read_text())
+    uses = [s["uses"] for job in flow["jobs"].values() for s in job["steps"] if "uses" in s]
+    assert uses and all(re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", u) for u in uses), [u for u in uses if not re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", u)]
+    steps = flow["jobs"]["build"]["steps"]
+    order = [s.get("id") or s.get("name") or s.get("uses") for s in steps]
+    built = next(i for i, s in enumerate(steps) if s.get("id") == "image")
+    checked = next(i for i, s in enumerate(steps) if "docker/check_images.py" in s.get("run", ""))
+    scanned = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("aquasecurity/trivy-action@"))
+    pushed = next(i for i, s in enumerate(steps) if s.get("id") == "build")
+    assert built < checked < pushed and built < scanned < pushed, order
+    assert steps[built]["with"]["push"] is False and steps[built]["with"]["load"] is True
+    assert "--engine docker --no-build" in steps[checked]["run"] and steps[scanned]["with"]["exit-code"] == "1"
