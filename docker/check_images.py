@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -40,9 +41,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEBIAN_BASE = "localhost/magic-debian-base:bookworm-py311"
-DEBIAN_PACKAGES = ("python3", "python3-venv", "python-is-python3", "passwd", "ca-certificates")
-"""What the stand-in base has (the official python:3.11-slim image's equivalent: python, venv, useradd)."""
+DEBIAN_BASE = "localhost/magic-debian-base:bookworm-py311-2"  # the suffix changes with DEBIAN_PACKAGES
+DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3", "passwd", "ca-certificates")
+"""What the stand-in base has (the official python:3.11-slim image's equivalent: python, pip, venv, useradd)."""
 MODULES = {
     "controller": ["magic.cli", "magic.controller.app", "magic.controller.driver", "magic.store.acl"],
     "reward": ["magic.cli", "magic.reward.worker", "magic.reward.sandbox.runner", "magic.reward.math.verifier", "magic.reward.code.verifier"],
@@ -115,9 +116,17 @@ sys.exit(1 if failed else 0)
 
 
 class Engine:
-    def __init__(self, name: str, log: Path):
+    def __init__(self, name: str, log: Path, ca_bundle: Path | None = None, work: Path | None = None):
         self.name = name
         self.log = log
+        self.mounts: list[str] = []
+        """Bind mounts of every RUN step (podman), never part of an image: the host's CA bundle and a
+        pip.conf naming it, where TLS goes through a proxy that re-signs it (as on the machine this
+        was written on): pip and apt inside the build then trust what the host trusts."""
+        if ca_bundle is not None and name == "podman":
+            conf = work / "pip.conf"
+            conf.write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
+            self.mounts = [f"{ca_bundle}:/etc/ssl/certs/ca-certificates.crt:ro", f"{conf}:/etc/pip.conf:ro"]
 
     def run(self, argv: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
         t0 = time.monotonic()
@@ -130,10 +139,17 @@ class Engine:
             raise Failed(f"{what}: exit {done.returncode} (log: {self.log})")
         return done
 
-    def build(self, dockerfile: Path, tag: str, what: str, build_args: dict[str, str], target: str | None = None, check: bool = True) -> bool:
-        argv = [self.name, "build", "-f", str(dockerfile), "-t", tag]
+    def build(
+        self, dockerfile: Path, tag: str, what: str, build_args: dict[str, str], target: str | None = None, check: bool = True, privileged: bool = False,
+        no_cache: bool = False,
+    ) -> bool:
+        argv = [self.name, "build", "-f", str(dockerfile), "-t", tag, *(["--no-cache"] if no_cache else [])]
         if self.name == "podman":
             argv += ["--isolation", "chroot"]
+            if privileged:  # what the chart gives the reward pod for the sandbox: root, SYS_ADMIN, no seccomp/AppArmor profile
+                argv += ["--cap-add", "ALL", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"]
+            for mount in self.mounts:
+                argv += ["--volume", mount]
         for k, v in build_args.items():
             argv += ["--build-arg", f"{k}={v}"]
         if target:
@@ -145,13 +161,17 @@ class Engine:
         image here, as build steps of a stage FROM it; docker as containers (`docker run`; the
         root steps privileged, as the chart runs the reward pod with the code sandbox)."""
         if self.name == "podman":
-            lines = [f"FROM {image}"]
-            for who, argv in steps:
-                if who == "root":
-                    lines.append("USER 0")
-                lines.append(f"RUN {json.dumps(argv)}")
-            checkfile.write_text("\n".join(lines) + "\n")
-            return self.build(checkfile, f"{image}-checked", what, {}, check=False)
+            ok = True
+            for who in ("user", "root"):
+                runs = [f"RUN {json.dumps(argv)}" for w, argv in steps if w == who]
+                if runs:
+                    lines = [f"FROM {image}", *(["USER 0"] if who == "root" else []), *runs]
+                    checkfile.write_text("\n".join(lines) + "\n")
+                    ok &= self.build(
+                        checkfile, f"{image}-checked-{who}", f"{what} (as {'root, privileged' if who == 'root' else 'its user'})", {}, check=False,
+                        privileged=who == "root", no_cache=True,  # the checks run every time, never from the layer cache
+                    )
+            return ok
         ok = True
         for who, argv in steps:
             run = [self.name, "run", "--rm", "--entrypoint", argv[0]]
@@ -221,7 +241,7 @@ def check_gpu_wheel(engine: Engine, service: str, base: str, work: Path) -> list
     )
     checkfile = work / f"{service}-wheel.check.Containerfile"
     checkfile.write_text(f"FROM {tag}\nRUN {json.dumps(['python', '-c', probe])}\n")
-    if not engine.build(checkfile, f"{tag}-checked", f"{service}: the wheel holds the package and its entry point", {}, check=False):
+    if not engine.build(checkfile, f"{tag}-checked", f"{service}: the wheel holds the package and its entry point", {}, check=False, no_cache=True):
         return [f"{service}: the wheel lacks files or its entry point (log: {engine.log})"]
     return []
 
@@ -256,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image", action="append", default=[], help="SERVICE=REF of an image built already")
     p.add_argument("--gpu-wheels", action="store_true", help="also build and check the GPU images' wheel stage")
     p.add_argument("--broken", action="store_true", help="also check that broken Dockerfiles fail")
+    p.add_argument("--log", type=Path, default=ROOT / ".images.log", help="where the builds' output goes (default: .images.log)")
+    p.add_argument("--ca-bundle", type=Path, default=os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt",
+                   help="the host's CA bundle, bind-mounted into the build's RUN steps (default: $PIP_CERT, $SSL_CERT_FILE or the system's)")
     args = p.parse_args(argv)
     if shutil.which(args.engine) is None:
         print(f"{args.engine} is not installed (Debian: apt-get install podman mmdebstrap uidmap)", file=sys.stderr)
@@ -270,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="magic-images-") as tmp:
         work = Path(tmp)
-        engine = Engine(args.engine, ROOT / ".images.log")
+        ca = args.ca_bundle if args.ca_bundle and Path(args.ca_bundle).is_file() else None
+        engine = Engine(args.engine, args.log, ca, work)
         engine.log.write_text("")
         failures: list[str] = []
         try:

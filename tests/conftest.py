@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 LONGEST_FIRST = (
     "tests/integration/test_vllm_engine.py",  # three vLLM starts in one test, ~4 min mostly waiting
     "tests/e2e/test_local.py",
+    "tests/deploy/test_images.py",  # image builds: mostly waiting on the package registries
     "tests/e2e/test_faults.py",
     "tests/integration/test_reward_judge.py",
     "tests/unit/learner/test_checkpoint_files.py",
