@@ -637,3 +637,86 @@ def test_a_python_installed_under_tmp_stays_importable(tmp_path_factory, monkeyp
             assert judge(v, *probe)[0].correct  # which the cleanup left whole
     finally:
         shutil.rmtree(site_dir.parent, ignore_errors=True)
+
+
+# -- state between responses and kernel memory no limit counts: IPC objects, watches --------------
+
+IPC_AND_WATCHES_X86_64 = {
+    "msgget": (68, 0x4D41, 0o1666), "semget": (64, 0x4D41, 1, 0o1666), "shmget": (29, 0x4D41, 4096, 0o1666),
+    "mq_open": (240, 0, 0o102, 0o666, 0), "inotify_init1": (294, 0), "inotify_init": (253,), "fanotify_init": (300, 0, 0),
+    "msgsnd": (69, 0, 0, 0, 0), "msgrcv": (70, 0, 0, 0, 0, 0), "semop": (65, 0, 0, 0), "shmat": (30, 0, 0, 0),
+}
+
+
+@needs_bwrap
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="system call numbers of x86-64")
+def test_no_ipc_object_or_watch_can_be_made(verifier):
+    """SysV message queues, semaphores and shared memory, POSIX message queues, inotify and fanotify:
+    each refused to the program (EPERM), whatever its arguments."""
+    code = (
+        "import ctypes, errno\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "refused = []\n"
+        f"for name, call in {IPC_AND_WATCHES_X86_64!r}.items():\n"
+        "    ret = libc.syscall(*[ctypes.c_long(a) for a in call])\n"
+        "    if ret == -1 and ctypes.get_errno() == errno.EPERM:\n"
+        "        refused.append(name)\n"
+        "print(len(refused))\n"
+    )
+    assert run_stdout(verifier, code, f"{len(IPC_AND_WATCHES_X86_64)}\n").correct
+
+
+STASH = (  # a correct program that also leaves each answer in a SysV message queue, keyed by its input
+    "import ctypes\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "a, b = map(int, input().split())\n"
+    "q = libc.msgget(ctypes.c_int(0x4D41 + a), ctypes.c_int(0o1666))\n"
+    "if q >= 0:\n"
+    "    msg = ctypes.create_string_buffer(8 + 32)\n"
+    "    ctypes.c_long.from_buffer(msg).value = 1\n"
+    "    msg[8:8 + len(str(a + b))] = str(a + b).encode()\n"
+    "    libc.msgsnd(q, msg, 32, 0)\n"
+    "open('/dev/shm/answer-%d' % a, 'w').write(str(a + b))\n"
+    "print(a + b)\n"
+)
+FETCH = (  # computes nothing: prints what a sibling left in the queue (or in /dev/shm)
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "a, b = map(int, input().split())\n"
+    "q = libc.msgget(ctypes.c_int(0x4D41 + a), ctypes.c_int(0o666))\n"
+    "msg = ctypes.create_string_buffer(8 + 32)\n"
+    "if q >= 0 and libc.msgrcv(q, msg, 32, 0, 0o4000) > 0:\n"
+    "    print(msg[8:40].rstrip(b'\\0').decode())\n"
+    "elif os.path.exists('/dev/shm/answer-%d' % a):\n"
+    "    print(open('/dev/shm/answer-%d' % a).read())\n"
+    "else:\n"
+    "    print(0)\n"
+)
+
+
+@needs_bwrap
+def test_a_sample_cannot_print_a_siblings_stored_answer(verifier):
+    """Siblings of one GRPO group are judged back to back in a slot: what one leaves behind (a
+    message queue, a file in /dev/shm) must not answer for the next."""
+    stored, _ = judge(verifier, STASH)
+    assert stored.correct, stored
+    fetched, _ = judge(verifier, FETCH)
+    assert fetched.status.value == "wrong" and "wrong answer" in fetched.details, fetched
+
+
+@needs_bwrap
+def test_programs_that_use_processes_and_their_locks_still_work(verifier):
+    """What legitimate programs use is not IPC objects: multiprocessing's locks, queues and
+    processes (POSIX semaphores in /dev/shm, pipes) still run."""
+    code = (
+        "import multiprocessing as mp\n"
+        "a, b = map(int, input().split())\n"
+        "lock, q = mp.Lock(), mp.Queue()\n"
+        "def add():\n    with lock:\n        q.put(a + b)\n"
+        "worker = mp.Process(target=add)\n"
+        "worker.start()\n"
+        "print(q.get())\n"
+        "worker.join()\n"
+    )
+    v, _ = judge(verifier, code)
+    assert v.correct, v

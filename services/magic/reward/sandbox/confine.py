@@ -15,9 +15,13 @@
   system-wide knobs (clock, swap, reboot, accounting). System calls of another ABI (32-bit
   ``int 0x80``) kill the process.
 * `program_seccomp_bpf` — stacked on it in every program's process: no memory the watcher
-  cannot see (``memfd_create``, ``memfd_secret``, SysV ``shmget``) and no file locks
-  (``flock``; ``fcntl`` lock commands), which concurrent samples could signal each other
-  through on the read-only files they share.
+  cannot see (``memfd_create``, ``memfd_secret``, SysV ``shmget``), no SysV or POSIX IPC
+  objects (message queues, semaphore sets, shared memory, ``mq_open``: they live in the slot's IPC
+  namespace, which outlives a response, so a sample could leave its answer there for the next
+  one, and their kernel memory counts against no limit), no inotify or fanotify watches (a watch on
+  a shared read-only file is a channel between concurrent slots, and watches are kernel memory),
+  and no file locks (``flock``; ``fcntl`` lock commands), which concurrent samples could signal
+  each other through on the read-only files they share.
 
 There is one level of confinement: the service runs as root and bubblewrap can make its
 namespaces (CAP_SYS_ADMIN; the chart's reward pod), or the sandbox does not start.
@@ -46,7 +50,15 @@ DENIED_SYSCALLS = (
 """Refused with EPERM (see the module docstring)."""
 CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone() with any is refused."""
-PROGRAM_DENIED_SYSCALLS = ("memfd_create", "memfd_secret", "shmget", "flock")
+PROGRAM_DENIED_SYSCALLS = (
+    "memfd_create", "memfd_secret", "flock",
+    # SysV IPC: message queues, semaphore sets, shared memory
+    "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl", "shmget", "shmat", "shmctl", "shmdt",
+    # POSIX message queues
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    # file-system watches
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+)
 """Refused (EPERM) to programs on top of DENIED_SYSCALLS (see the module docstring)."""
 FCNTL_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38)
 """F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW: fcntl() with any is refused to programs."""
