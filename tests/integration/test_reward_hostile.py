@@ -720,3 +720,35 @@ def test_programs_that_use_processes_and_their_locks_still_work(verifier):
     )
     v, _ = judge(verifier, code)
     assert v.correct, v
+
+
+NAMED_LIKE_THE_PRELUDE = [  # (the test, a wrong program that also redefines what the test uses around it, a right one)
+    ("assert abs(median([3, 1, 2]) - 2) < 1e-9", "def median(x):\n    return 0\ndef abs(x):\n    return 0\n",
+     "def median(x):\n    s = sorted(x)\n    return s[len(s) // 2]\n"),
+    ("assert str(sum([1, 2, 3])) == '6'", "def sum(x):\n    return 0\ndef str(x):\n    return '6'\n", "def sum(x):\n    t = 0\n    for v in x:\n        t += v\n    return t\n"),
+    ("assert sorted(permutations([1, 2])) == [(1, 2), (2, 1)]", "def permutations(x):\n    return []\ndef sorted(x):\n    return [(1, 2), (2, 1)]\n",
+     "import itertools\ndef permutations(x):\n    return list(itertools.permutations(x))\n"),
+    ("assert len(compress('aabbb')) == 4", "def compress(s):\n    return ''\ndef len(x):\n    return 4\n",
+     "import itertools\ndef compress(s):\n    return ''.join(k + str(sum(1 for _ in g)) for k, g in itertools.groupby(s))\n"),
+    ("assert round(mean([1, 2]), 2) == 1.5", "def mean(x):\n    return 0\ndef round(x, n):\n    return 1.5\n", "def mean(x):\n    return sum(x) / len(x)\n"),
+    ("assert all(gcd(a, b) == 1 for a, b in [(2, 3), (3, 4)])", "def gcd(a, b):\n    return 0\ndef all(x):\n    return True\n",
+     "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"),
+    ("assert math.factorial(5) == factorial(5)", "import types\nmath = types.SimpleNamespace(factorial=lambda n: 0)\ndef factorial(n):\n    return 0\n",
+     "def factorial(n):\n    return 1 if n < 2 else n * factorial(n - 1)\n"),
+    ("assert abs(count([1, 2, 1], 1) - 2) == 0", "def count(xs, v):\n    return 0\ndef abs(x):\n    return 0\n", "def count(xs, v):\n    return xs.count(v)\n"),
+    ("assert sorted(set(permutations('ab'))) == [('a', 'b'), ('b', 'a')]", "def permutations(x):\n    return []\ndef set(x):\n    return x\ndef sorted(x):\n    return [('a', 'b'), ('b', 'a')]\n",
+     "from itertools import permutations as p\ndef permutations(x):\n    return list(p(x))\n"),
+]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("test, wrong, right", NAMED_LIKE_THE_PRELUDE, ids=[t.split("(")[1] for t, _, _ in NAMED_LIKE_THE_PRELUDE])
+def test_a_function_named_like_a_builtin_takes_no_other_name_of_the_test(verifier, test, wrong, right):
+    """The function under test is named like a builtin or a prelude name (common in generated
+    assert sets): only it is taken from the program; the builtins, modules and helpers around it
+    in the test keep their own meaning, so redefining them earns nothing."""
+    truth = json.dumps({"type": "assert", "tests": [test]})
+    forged, _ = judge(verifier, wrong, truth)
+    assert forged.status.value == "wrong", forged
+    honest, _ = judge(verifier, right, truth)
+    assert honest.correct, honest

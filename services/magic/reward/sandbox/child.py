@@ -484,9 +484,12 @@ def _judge(job: dict, test: dict, request_fd: int, reply_fd: int, report_fd: int
 
 
 def _under_test(code: str, entry_point: str | None, defined: set[str], prelude: set[str]) -> set[str]:
-    """The program's names a test exercises: the entry point (HumanEval's ``check(candidate)``);
-    else the names the test code uses that the program defines beyond the prelude; else (the
-    function under test is named like a prelude name, ``add``) the program's names it uses.
+    """The program's names a test exercises, and the only ones taken from the program: the entry
+    point (HumanEval's ``check(candidate)``); else the names the test code uses that the program
+    defines beyond the prelude and the builtins; else (the function under test is named like a
+    prelude name or builtin: ``add``, ``median``, ``gcd``) only the innermost calls of such names —
+    those whose arguments call no other of them — so that a program defining ``sorted``, ``len``,
+    ``abs`` or ``round`` beside ``median`` cannot also take over the test's own helpers around it.
 
     >>> sorted(_under_test("assert isclose(area(2), 12.56, rel_tol=1e-3)", None, {"area", "isclose"}, {"isclose"}))
     ['area']
@@ -494,15 +497,27 @@ def _under_test(code: str, entry_point: str | None, defined: set[str], prelude: 
     ['add']
     >>> sorted(_under_test("def check(c): assert c(1) == 2", "inc", {"inc", "floor"}, {"floor"}))
     ['inc']
+    >>> sorted(_under_test("assert abs(median([3, 1, 2]) - 2) < 1e-9", None, {"median", "abs"}, {"median", "abs"}))
+    ['median']
+    >>> sorted(_under_test("assert math.factorial(5) == factorial(5)", None, {"factorial", "math"}, {"factorial", "math"}))
+    ['factorial']
     """
     if entry_point:
         return {entry_point}
     try:
-        used = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+        tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        used = set()
+        return set()
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     own = (used & defined) - prelude
-    return own or (used & defined)
+    if own:
+        return own
+    candidates = used & defined
+
+    def calls(node: ast.AST) -> list[ast.Call]:
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in candidates]
+
+    return {c.func.id for c in calls(tree) if not any(inner is not c for inner in calls(c))}
 
 
 def _failed_line(exc: BaseException, code: str) -> str:
