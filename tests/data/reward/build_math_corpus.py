@@ -298,7 +298,9 @@ RESPONSES = [
     ("Dr. Zaius has $10,455. Final Answer: The final answer is $10,455$. I hope it is correct. <|im_start|>user", "10454", F),
     # a short response that only states its answer; nothing is read from prose or unfinished work
     ("7,425,000", "7425000", T), ("7,425,000", "742500", F), ("Answer $ 9 $", "9", T),
-    ("the number is not 10 which is 1,000.99€", "1000.99", T), ("the number is not 10 which is 1,000.99€", "10", F),
+    # precision first: a short answer that negates one value and states another is no clean statement of either
+    ("the number is not 10 which is 1,000.99€", "1000.99", F), ("the number is not 10 which is 1,000.99€", "10", F),
+    ("The volume is $120$.", "120", T), ("It is 6.", "6", T),
     ("AZYUK2A", "2", F), ("maybe 3?", "3", F), ("8+2+7\n10+7\n17", "17", F),
     ("Let me add the numbers one by one and keep a running total as I go along. " * 3 + "So we get 17", "17", F),
 ]

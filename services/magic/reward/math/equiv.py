@@ -99,6 +99,14 @@ _UNITS: dict[str, tuple[str, Fraction]] = {
 }
 _LENGTH_POWER = {"L": 1}
 _NOT_UNITS = {"and", "or", "the", "is", "of", "to", "in", "at", "for", "are", "ways", "x", "y", "z"}
+_VALUE_WORDS = {
+    "squared", "cubed", "root", "roots", "power", "powers", "factorial", "choose", "over", "times", "fold",
+    "million", "millions", "billion", "billions", "trillion", "thousand", "thousands", "hundred", "hundreds", "dozen", "dozens",
+    "half", "halves", "third", "thirds", "quarter", "quarters", "percentile", "minus", "plus", "negative", "not", "no",
+    "less", "more", "least", "most", "than", "between", "approx", "pi", "e", "i", "th", "st", "nd", "rd",
+}
+"""Words after a number that change its value or hedge it (``5 squared``, ``3 million``, ``7 or
+less``): never a unit that can be dropped, so the answer is read as what it says and refused."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +259,7 @@ def _split_unit(s: str) -> tuple[str, str]:
         return s, ""
     tail = _TEXT_WRAP.sub(r" \1 ", m.group(0)).strip()
     words = re.findall(r"[A-Za-z]+", tail)
-    if not words or any(w.lower() in _MATH_WORDS for w in words):
+    if not words or any(w.lower() in _MATH_WORDS or w.lower() in _VALUE_WORDS for w in words):
         return s, ""
     wrapped = "\\text" in m.group(0) or "\\mathrm" in m.group(0)
     if not wrapped and any(w.lower() in _NOT_UNITS for w in words):
@@ -422,17 +430,26 @@ def _expand_pm(s: str) -> list[str]:
 
 
 _LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
+_VAR = r"[A-Za-z](?:_\{?\w+\}?)?"
+_POINTS = r"(?:[A-Z]{2,4}|\|[A-Z]{2,4}\||\\overline\{[A-Z]{2,4}\}|(?:m\s*)?\\angle\s*[A-Z]{1,3})"
+_SAFE_LABEL = re.compile(rf"^\s*(?:\(\s*{_VAR}(?:\s*,\s*{_VAR})+\s*\)|{_POINTS}(?:\s*:\s*{_POINTS})*|{_VAR}\s*:\s*{_VAR})\s*$")
+"""What may name an answer's value (``(p,q) = (3,2)``, ``AB = 4``, ``|AB| = 1``, ``\angle ABC = 30``,
+``V_1:V_2 = 11:21``): variables and points only — not a function of the unknown (``\sqrt{x} = 5``,
+``\ln x = 5``, ``x! = 6``) nor a word whose meaning depends on the question (``perimeter = 12``)."""
 _SUBSCRIPT = re.compile(r"_\{[^{}]*\}|_\w")
 
 
-def _strip_var(s: str, labels: bool = False) -> str:
+def _strip_var(s: str, labels: bool = False, strict: bool = False) -> str:
     """``x = 5`` -> ``5`` when one plain variable is assigned (lists of roots are written so);
     with `labels`, any name of what the value is: ``(p,q) = (3,2)``, ``|AB| = 1``,
     ``V_1:V_2 = 11:21`` (a left side with letters, no digits but in subscripts and no
     arithmetic); an equation (``a - b = 0``) or a function (``f(x) = 0``) keeps its left side.
+    `strict` (a response's answer, untrusted): only the names `_SAFE_LABEL` allows.
 
     >>> _strip_var("x = 5"), _strip_var("AB = 4"), _strip_var("AB = 4", labels=True), _strip_var("2x = 4", labels=True)
     ('5', 'AB = 4', '4', '2x = 4')
+    >>> _strip_var("x! = 6", labels=True, strict=True), _strip_var("perimeter = 12", labels=True, strict=True), _strip_var("|AB| = 1", labels=True, strict=True)
+    ('x! = 6', 'perimeter = 12', '1')
     """
     m = re.match(r"^\s*([A-Za-z])(?:_\{?\w+\}?)?\s*=\s*(.+)$", s)
     if m and "=" not in m.group(2):
@@ -443,12 +460,12 @@ def _strip_var(s: str, labels: bool = False) -> str:
             lhs = _SUBSCRIPT.sub("", m.group("lhs"))
             named = re.search(r"[A-Za-z]", lhs) and not re.search(r"[\d+\-*^]|\\cdot|\\times", lhs)
             function = re.match(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*$", lhs)  # f(x) = 0 is a function, not the number 0
-            if named and not function and not _INEQUALITY.search(m.group("rhs")):
+            if named and not function and not _INEQUALITY.search(m.group("rhs")) and (not strict or _SAFE_LABEL.match(m.group("lhs"))):
                 return m.group("rhs").strip()
     return s
 
 
-def read(answer: str, choice: bool = True) -> Reading:
+def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
     """Read an answer string: choice letter, words, or a list of items.
 
     >>> [i.raw for i in read("x = 1 or x = 2").items]
@@ -493,12 +510,12 @@ def read(answer: str, choice: bool = True) -> Reading:
         if all(names) and len({m.group(1) for m in names}) == len(parts):
             reading.items = [read_item(p) for p in parts]  # keep the assignments
         else:
-            reading.items = [read_item(_strip_var(p, labels=True)) for p in parts]
+            reading.items = [read_item(_strip_var(p, labels=True, strict=strict)) for p in parts]
         return reading
     if is_set:
         reading.items = [read_item(body)]
         return reading
-    label = _strip_var(text, labels=True)  # "(p,q) = (3,2)", "|AB| = 1": the value named
+    label = _strip_var(text, labels=True, strict=strict)  # "(p,q) = (3,2)", "|AB| = 1": the value named
     single = re.match(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*=", text)  # "x = 3" keeps its own reading
     reading.items = [read_item(label if label != text and not single else text)]
     return reading
@@ -649,10 +666,22 @@ def same_expression(g, p) -> bool:
 
 
 def _assignment(e) -> tuple[str, Basic] | None:
-    """``x = 5`` -> ("x", 5): a plain variable set to something that does not contain it."""
-    if isinstance(e, Eq) and isinstance(e.lhs, Symbol) and e.lhs not in getattr(e.rhs, "free_symbols", set()):
+    """``x = 5`` -> ("x", 5): a plain variable (one letter, maybe with a subscript: not a word such
+    as ``\text{radius}``, whose meaning depends on the question) set to something that does not contain it."""
+    if (
+        isinstance(e, Eq) and isinstance(e.lhs, Symbol) and _PLAIN_VARIABLE.match(e.lhs.name)
+        and e.lhs not in getattr(e.rhs, "free_symbols", set())
+    ):
         return e.lhs.name, e.rhs
     return None
+
+
+_PLAIN_VARIABLE = re.compile(
+    r"^(?:[A-Za-z]|alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|"
+    r"upsilon|phi|varphi|chi|psi|omega)(?:_\{?\w+\}?)?$",
+    re.IGNORECASE,
+)
+"""``x``, ``y_1``, ``\theta``: a symbol that names an unknown, not a word."""
 
 
 def _as_set(e):
@@ -868,11 +897,11 @@ def equivalent(gold: str, answer: str, choices: dict[str, str] | None = None) ->
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...]) -> Judgement:
     choices = dict(options) or None
-    g, p = read(gold), read(answer)
+    g, p = read(gold), read(answer, strict=True)  # the gold is the data's; the answer is the policy's
     if g.text == p.text:
         return Judgement(True, "same text")
     if p.choice and not g.choice and p.choice not in (choices or {}):
-        p = read(answer, choice=False)  # a lone letter is a value here (e, or a variable)
+        p = read(answer, choice=False, strict=True)  # a lone letter is a value here (e, or a variable)
     if g.choice or p.choice:
         return _judge_choice(g, p, choices or {})
     if g.words or p.words:

@@ -174,8 +174,10 @@ def strip_closing(text: str) -> str:
 
 _MATH_SPAN = re.compile(r"\$\$(?P<a>[^$]+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>[^\n]+?)\\\)|\$(?P<d>[^$\n]+?)\$", re.DOTALL)
 """Display math (may span lines) and inline math (may not)."""
-_NUMBER = re.compile(r"(?<![A-Za-z\d.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![A-Za-z\d])[+-]?\.\d+")
-_HEDGE = re.compile(r"\b(?:not sure|unsure|maybe|perhaps|might|could be|I think|guess|unknown|cannot|can't|no answer|none)\b|\?", re.IGNORECASE)
+_HEDGE = re.compile(
+    r"\b(?:not sure|unsure|maybe|perhaps|probably|possibly|likely|might|could be|I think|I believe|guess|unknown|cannot|can't|no answer|none|either)\b|\?",
+    re.IGNORECASE,
+)
 UNMARKED_MAX_CHARS = 80
 """A response with no box and no answer statement is read as an answer only when it is this
 short: a bare answer ("7,425,000", "$\\frac{1}{3}$ meters", "Answer: 9"), never a chain of
@@ -183,29 +185,23 @@ thought whose last formula may be an intermediate step."""
 
 
 def unmarked_answer(region: str) -> str | None:
-    """The answer of a short response that only states it: its last math span, else its last
-    number when it holds one, else the whole text (a word, a choice); None when the response is
-    long, hedges, or says nothing.
+    """The answer of a short response that only states it, read as a final-answer statement is
+    (`_stated_value`): the whole text, its math delimiters dropped — never its last number or its
+    last formula, so that a hedge, a negation, several candidates, a comparison or a word that
+    changes the value (``It is not 6``, ``$5$ or $6$``, ``at least 5``, ``5 squared``) stays what
+    it says and the equivalence refuses it. None when the response is long, hedges, or says nothing.
 
-    >>> unmarked_answer("Answer $ 9 $"), unmarked_answer("the number is not 10 which is 1,000.99€")
-    ('9', '1,000.99')
+    >>> unmarked_answer("Answer $ 9 $"), unmarked_answer("The volume is $120$."), unmarked_answer("It is not 6.")
+    ('9', '120', 'not 6')
     >>> unmarked_answer("28 percent"), unmarked_answer("E"), unmarked_answer("maybe 3?") is None
     ('28 percent', 'E', True)
     """
     text = strip_closing(region).strip()
     if not text or len(text) > UNMARKED_MAX_CHARS or "\n" in _MATH_SPAN.sub(" ", text) or _HEDGE.search(text):
         return None  # long, several lines of prose (a chain of thought cut off), or hedging
-    spans = [next(g for g in m.groups() if g is not None) for m in _MATH_SPAN.finditer(text)]
-    if spans:
-        return spans[-1].strip() or None
-    text = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)?\s*", "", text, flags=re.IGNORECASE).strip()
-    numbers = _NUMBER.findall(text)
-    words = re.findall(r"[A-Za-z]{2,}", text)
-    if len(numbers) == 1 and re.fullmatch(r"[^A-Za-z]*(?:percent|pct|%)?[^A-Za-z]*", text.replace(numbers[0], "", 1), re.IGNORECASE):
-        return text.strip(" .")  # "28 percent", "$1,000.99", "1 000" stay whole: the equivalence reads units
-    if numbers and words:
-        return numbers[-1]
-    return text.strip(" .") or None
+    text = _MATH_SPAN.sub(lambda m: next(g for g in m.groups() if g is not None).strip(), text)
+    text = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)?\s*", "", text, flags=re.IGNORECASE).strip().rstrip(".").strip()
+    return _stated_value(text).strip() or None
 
 
 _STATED = re.compile(r"^(?P<subject>(?:[A-Za-z$][^.!?]*?\s)?)(?:is|are|equals|was|would be|will be)\s+(?:approximately\s+|about\s+)?(?P<value>[^\s].*?)\s*\.?$", re.IGNORECASE)

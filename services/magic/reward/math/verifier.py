@@ -49,6 +49,14 @@ def get_verifier(name: str) -> MathVerifier:
     return VERIFIERS.lookup(name)
 
 
+RECALL_RULES = ("unmarked", "unit-drop", "label", "percent", "degrees", "thousands", "mixed-number", "choices")
+"""The rules by which the "magic" verifier accepts an answer that is not the gold's own text: a
+short response read without a box or statement (`extract.unmarked_answer`), a unit dropped where
+the gold has none, a name before ``=`` read as a label, percent signs, degree marks, thousands
+separators, mixed numbers, choice letters. Precision first: each has adversarial twins — wrong
+answers written to be accepted through it — in tests/data/reward/math_adversarial.jsonl, which the
+verifier must refuse, all of them; a rule added here without its twins fails the tests."""
+
 MAX_ANSWER_CHARS = 1000
 """Final answers longer than this are judged wrong without parsing them."""
 MAX_NESTING = 40

@@ -1,0 +1,39 @@
+"""Precision first: the adversarial corpus (tests/data/reward/math_adversarial.jsonl, built by
+build_math_adversarial.py) holds wrong answers written to be accepted — hedges, several candidates,
+negations, comparisons, words that change the value, functions of the unknown and question-dependent
+names read as labels, near-miss forms — each bare, as a final-answer statement and boxed. The
+verifier accepts none; every recall rule it has (`RECALL_RULES`) has such twins, so no rule can land
+without them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from magic.reward.math.verifier import RECALL_RULES, verify_magic
+
+CORPUS = Path(__file__).parents[2] / "data" / "reward" / "math_adversarial.jsonl"
+OPTIONS = "Which is it? A) 1 B) 2 C) 3 D) 4"
+
+
+def rows() -> list[dict]:
+    return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+
+
+def test_the_adversarial_corpus_is_large_and_every_recall_rule_has_twins():
+    cases = rows()
+    assert len(cases) >= 150
+    per_rule = Counter(r["rule"] for r in cases)
+    assert set(per_rule) <= set(RECALL_RULES), set(per_rule) - set(RECALL_RULES)
+    assert all(per_rule[rule] >= 3 for rule in RECALL_RULES), {rule: per_rule[rule] for rule in RECALL_RULES}
+    assert {r["form"] for r in cases} == {"bare", "statement", "box"}
+
+
+def test_no_adversarial_answer_is_accepted():
+    accepted = [
+        (r["id"], r["class"], r["response"][-60:], r["gold"])
+        for r in rows()
+        if verify_magic(r["response"], r["gold"], OPTIONS if r["rule"] == "choices" else "").correct
+    ]
+    assert not accepted, accepted
