@@ -752,3 +752,21 @@ def test_a_function_named_like_a_builtin_takes_no_other_name_of_the_test(verifie
     assert forged.status.value == "wrong", forged
     honest, _ = judge(verifier, right, truth)
     assert honest.correct, honest
+
+
+@needs_bwrap
+def test_a_flood_of_empty_files_counts_as_the_programs_memory():
+    """Empty files hold no bytes but kernel memory (inodes, dentries): a correct program that
+    floods /tmp with them is stopped at its memory limit, judged wrong, and its files are gone
+    before the next response."""
+    settings = SandboxSettings(
+        slots=1, root="/tmp/magic-sandbox-test", uid_base=62070, test_timeout_seconds=20, total_timeout_seconds=60,
+        memory_mb=256, total_memory_mb=96, processes=8, file_mb=4, disk_mb=16, max_output_mb=1,
+    )
+    flood = "import os\nfor i in range(400000):\n    open('/tmp/f%d' % i, 'w').close()\n" + SOLVES
+    with Sandbox(settings) as sb:
+        verifier = CodeVerifier(sb)
+        v, elapsed = judge(verifier, flood)
+        after, _ = judge(verifier, "import os\nprint(len(os.listdir('/tmp')))", json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["0"]}))
+    assert v.status is Status.wrong and "memory limit" in v.details, v
+    assert after.correct, after  # nothing of it is left for the next response

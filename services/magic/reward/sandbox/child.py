@@ -574,6 +574,10 @@ def _limit_judge(limits: dict) -> None:
 
 
 USAGE_CHECK_SECONDS = 0.05
+INODE_BYTES = 1024
+"""Kernel memory a file of the scratch tmpfs holds however empty it is (its inode and dentry,
+≈ 0.9 KiB): counted as the programs' memory, so that a flood of empty files is bounded by the
+memory limit like the bytes they would hold."""
 CPU_SLACK_SECONDS = 1.0
 """CPU a test may use beyond `cpu_cores` x its elapsed time (interpreter start-up, bursts)."""
 
@@ -581,7 +585,7 @@ CPU_SLACK_SECONDS = 1.0
 class _Usage:
     """What the slot's programs use together, counted as the kernel charges it: memory is the
     resident memory of every process of the slot's uid plus what its tmpfs (/tmp, /dev/shm)
-    hold; CPU is the user and system time of every process of the uid, with the time of those
+    hold, their files' inodes included (`INODE_BYTES` each); CPU is the user and system time of every process of the uid, with the time of those
     already reaped (which their parent, or this helper, then carries). A process cannot leave
     its uid, so `setsid()` or a double fork escapes neither."""
 
@@ -616,7 +620,7 @@ class _Usage:
                 st = os.statvfs(d)
             except OSError:
                 continue
-            memory += (st.f_blocks - st.f_bfree) * st.f_frsize
+            memory += (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
         return memory, ticks / self.tick + self._reaped() - self.reaped0
 
     def over(self, limits: dict) -> str | None:
