@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel
+from pydantic import AliasChoices, BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 _SCALARS = (int, float, str)
@@ -167,3 +167,31 @@ def merge(model: type[BaseModel], base: dict[str, Any], overrides: dict[str, Any
         else:
             out[key] = value
     return out
+
+
+def flag_of(model: type[BaseModel], loc: tuple | list) -> str | None:
+    """The flag of the field at `loc` (a pydantic error's location) of `model`, as `add_model_flags`
+    names it (`--rollout-batch-size/--D_R`), or None when `loc` is no field of it."""
+    prefix, current = "", model
+    for i, part in enumerate(loc):
+        field = current.model_fields.get(str(part)) if isinstance(current, type) else None
+        if field is None:
+            return None
+        nested = _nested_model(field.annotation)
+        if nested is None or i == len(loc) - 1:
+            return "/".join(_option_strings(str(part), _symbols(field, str(part)), prefix)[:2])
+        prefix, current = f"{prefix}{part}_", nested
+    return None
+
+
+def describe_errors(exc: ValidationError, model: type[BaseModel]) -> str:
+    """A pydantic error of `model` as the user's flags: one line a problem, named by its flag, with
+    the value given and no documentation URL (``--rollout-batch-size/--D_R: Input should be greater
+    than or equal to 1, got 0``)."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        where = flag_of(model, err["loc"]) or ".".join(str(x) for x in err["loc"]) or model.__name__
+        got = err.get("input")
+        shown = f", got {got!r}" if isinstance(got, (int, float, str, bool)) and err["loc"] else ""
+        lines.append(f"{where}: {err['msg'].removeprefix('Value error, ')}{shown}")
+    return "\n".join(lines)

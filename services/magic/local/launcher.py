@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from magic.config.flags import describe_errors
 from magic.config.schema import StageConfig
 from magic.controller.client import ClientError, ControllerClient
 from magic.controller.datasets import load_jsonl
@@ -128,7 +129,10 @@ def launch(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:  # before the warm start: a typo in a flag or plan file costs nothing
         stages = [StageConfig(**s) for s in stage_plan(args)]
-    except (OSError, ValueError, ValidationError) as exc:
+    except ValidationError as exc:  # a stage flag or a field of the --stages file, named as the user wrote it
+        print(f"magic local: invalid stage plan:\n{describe_errors(exc, StageConfig)}", file=sys.stderr)
+        return Exit.usage
+    except (OSError, ValueError) as exc:
         print(f"magic local: invalid stage plan: {exc}", file=sys.stderr)
         return Exit.usage
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
