@@ -35,7 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,9 +248,41 @@ def _eval_settings_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def output_problem(path: str) -> str | None:
+    """Why the file `path` cannot be written, or None: checked before any work, so that results
+    are never computed for a path that cannot take them."""
+    p = Path(path)
+    if p.is_dir():
+        return f"--out {path} is a directory: name the JSON file to write"
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        return f"--out {path}: its directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        return f"--out {path}: not writable"
+    return None
+
+
+def write_results(path: str, doc: dict) -> int:
+    """Write `doc` as JSON to `path`; if that fails after all (the disk filled, the directory went
+    away), to a file in the temporary directory, saying where: results are never lost."""
+    text = json.dumps(doc, indent=1)
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        fd, rescue = tempfile.mkstemp(prefix="magic-eval-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        print(f"magic eval: cannot write {path} ({exc.strerror}); the results are in {rescue}", file=sys.stderr)
+        return Exit.failed
+    print(f"written: {path}")
+    return Exit.ok
+
+
 def eval_command(args: argparse.Namespace) -> int:
     """`magic eval`: check the flags (exit 2 with the reason), evaluate, print the table, write the JSON."""
     if (problem := _eval_settings_problem(args)) is not None:
+        return _eval_usage(problem)
+    if args.out and (problem := output_problem(args.out)) is not None:
         return _eval_usage(problem)
     if args.local and args.run:
         return _eval_usage("give either --run RUN (through the services) or --local MODEL_OR_CHECKPOINT (on this machine), not both")
@@ -305,8 +339,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     print(f"run {args.run}, policy version {record['policy_version']}, T={record['context_length']} (eval {record['id']}):")
     print(render_figures(record["figures"]))
     if args.out:
-        Path(args.out).write_text(json.dumps({"mode": "run", "run": args.run, **record}, indent=1))
-        print(f"written: {args.out}")
+        return write_results(args.out, {"mode": "run", "run": args.run, **record})
     return Exit.ok
 
 
@@ -354,8 +387,7 @@ def _eval_local(args: argparse.Namespace) -> int:
     }
     print(render_figures(figures))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
-        print(f"written: {args.out}")
+        return write_results(args.out, report)
     return Exit.ok
 
 

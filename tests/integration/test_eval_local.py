@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +130,39 @@ def test_magic_eval_local_writes_figures_that_match_a_recomputation(tiny_model_d
     assert f["response_length_mean"] == pytest.approx(sum(n for n, _ in samples) / len(samples))
     assert f["truncated_ratio"] == pytest.approx(sum(t for _, t in samples) / len(samples)) and 0 < f["truncated_ratio"] < 1
     assert f["pass_at_k_ci_low"] <= f["pass_at_k"] <= f["pass_at_k_ci_high"]
+
+
+def test_magic_eval_local_refuses_what_it_cannot_use_before_any_work(tiny_model_dir, held_out, tmp_path, capsys):
+    """An --out it cannot write, a directory with a config but no weights or no tokenizer (what a
+    published weights version or a short run leaves): exit 2, one line, nothing computed."""
+    run = ["eval", "--local", str(tiny_model_dir), "-d", str(held_out), "-k", "1", "--T", "4"]
+    assert main([*run, "--out", str(tmp_path / "results" / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "does not exist" in err and "Traceback" not in err
+    assert main([*run, "--out", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", weightless / "config.json")
+    assert main(["eval", "--local", str(weightless), "-d", str(held_out), "-k", "1"]) == 2
+    assert "holds a config but no weights" in capsys.readouterr().err
+    tokenless = tmp_path / "tokenless"
+    tokenless.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.is_file() and not f.name.startswith("tokenizer") and f.name not in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+            shutil.copy(f, tokenless / f.name)
+    assert main(["eval", "--local", str(tokenless), "-d", str(held_out), "-k", "1"]) == 2
+    assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_results_are_kept_when_their_file_cannot_be_written_after_all(tmp_path, capsys):
+    from magic.cli import write_results
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    target = gone / "x.json"
+    gone.rmdir()  # the directory went away while the evaluation ran
+    assert write_results(str(target), {"figures": {"held": {"avg_at_n": 0.5}}}) != 0
+    err = capsys.readouterr().err
+    rescue = err.rsplit("the results are in ", 1)[1].strip()
+    assert json.loads(Path(rescue).read_text())["figures"]["held"]["avg_at_n"] == 0.5
+    Path(rescue).unlink()

@@ -6,6 +6,7 @@ naming the available steps. The vLLM test is skipped without `.venv-vllm` (a fai
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,20 @@ def test_the_export_is_served_by_vllm_as_is(data_dir, tmp_path):
             assert choice["token_ids"] == expected
     finally:
         server.stop()
+
+
+def test_an_output_it_cannot_write_exits_2_saying_why_before_any_work(data_dir, tmp_path, capsys):
+    """`--out` onto a file (with --force too), into a missing or read-only directory: one line, no traceback."""
+    a_file = tmp_path / "model.bin"
+    a_file.write_text("x")
+    for extra in ([], ["--force"]):
+        assert main(["export", RUN, "--out", str(a_file), "--data-dir", str(data_dir), *extra]) == Exit.usage
+        err = capsys.readouterr().err
+        assert "is a file: --out names the model directory to write" in err and "pass --force" not in err and "Traceback" not in err
+    assert main(["export", RUN, "--out", str(tmp_path / "missing" / "hf"), "--data-dir", str(data_dir)]) == Exit.usage
+    err = capsys.readouterr().err
+    assert "its parent directory" in err and "does not exist" in err
+    # a place nobody may write, root included (the mode of a directory does not bind root)
+    assert main(["export", RUN, "--out", "/proc/magic-export", "--data-dir", str(data_dir)]) == Exit.usage
+    err = capsys.readouterr().err
+    assert ("cannot write there" in err or "is not writable" in err) and "Traceback" not in err

@@ -17,6 +17,7 @@ sibling and renamed into place, so a cut-short export never looks like a model.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -75,11 +76,21 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None, ove
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = Path(out)
-    if out.exists() and (not overwrite or not out.is_dir()):
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file: --out names the model directory to write (--force replaces a directory, never a file)")
+    if out.exists() and not overwrite:
         raise ExportError(f"{out} exists: choose another directory or pass --force to replace it")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise ExportError(f"{out}: its parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(f"{out}: its parent directory {parent} is not writable")
     tmp = out.with_name(f".{out.name}.exporting")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise ExportError(f"{out}: cannot write there ({exc.strerror})") from None
     try:
         config = json.loads((checkpoint / "config.json").read_text())
         weights = sorted(checkpoint.glob("model*.safetensors"))
@@ -111,6 +122,9 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None, ove
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except OSError as exc:  # a full or read-only disk, a path that went away: said, not a traceback
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"{out}: the export could not be written ({type(exc).__name__}: {exc})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

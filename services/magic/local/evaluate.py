@@ -96,7 +96,20 @@ def load_engine(model_dir: str | Path, weights: dict | None = None, max_batch_se
             raise EvaluationError(f"{model_dir}: a checkpoint, but {why}")
     if not (path / "config.json").is_file():
         raise EvaluationError(f"{model_dir}: not a Hugging Face model directory or checkpoint (no config.json)")
-    engine = TorchEngine(str(path), max_batch_sequences=max_batch_sequences)
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        raise EvaluationError(
+            f"{model_dir}: holds a config but no weights (*.safetensors): a published weights version or a directory being "
+            "written; evaluate a checkpoint (data/runs/<run>/checkpoints/step-K) or its `magic export`"
+        )
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise EvaluationError(
+            f"{model_dir}: has weights but no tokenizer (tokenizer.json / tokenizer_config.json): published weights versions carry "
+            "none; evaluate a checkpoint, which carries the run's tokenizer, or its `magic export`"
+        )
+    try:
+        engine = TorchEngine(str(path), max_batch_sequences=max_batch_sequences)
+    except (OSError, ValueError, KeyError) as exc:  # weights or tokenizer files transformers cannot read
+        raise EvaluationError(f"{model_dir}: the model does not load ({type(exc).__name__}: {str(exc)[:300]})") from None
     if weights is not None:
         modeling.load_state_dict(engine.model, weights)
     return engine
