@@ -433,9 +433,9 @@ _LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
 _VAR = r"[A-Za-z](?:_\{?\w+\}?)?"
 _POINTS = r"(?:[A-Z]{2,4}|\|[A-Z]{2,4}\||\\overline\{[A-Z]{2,4}\}|(?:m\s*)?\\angle\s*[A-Z]{1,3})"
 _SAFE_LABEL = re.compile(rf"^\s*(?:\(\s*{_VAR}(?:\s*,\s*{_VAR})+\s*\)|{_POINTS}(?:\s*:\s*{_POINTS})*|{_VAR}\s*:\s*{_VAR})\s*$")
-"""What may name an answer's value (``(p,q) = (3,2)``, ``AB = 4``, ``|AB| = 1``, ``\angle ABC = 30``,
-``V_1:V_2 = 11:21``): variables and points only — not a function of the unknown (``\sqrt{x} = 5``,
-``\ln x = 5``, ``x! = 6``) nor a word whose meaning depends on the question (``perimeter = 12``)."""
+"""What may name an answer's value (``(p,q) = (3,2)``, ``AB = 4``, ``|AB| = 1``, ``\\angle ABC = 30``,
+``V_1:V_2 = 11:21``): variables and points only — not a function of the unknown (``\\sqrt{x} = 5``,
+``\\ln x = 5``, ``x! = 6``) nor a word whose meaning depends on the question (``perimeter = 12``)."""
 _SUBSCRIPT = re.compile(r"_\{[^{}]*\}|_\w")
 
 
