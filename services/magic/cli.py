@@ -505,6 +505,11 @@ def render_status(view: dict) -> str:
     for s in view.get("stages", []):
         end = f"ended at step {s['end_step']} ({s['end_reason']})" if s.get("end_step") is not None else "running"
         lines.append(f"  stage {s['index']} '{s['name']}' T={s['context_length']}: from step {s['start_step']}, {s['prompts']} prompts, {s['dropped_online']} dropped online; {end}")
+    if view.get("optimizer_resets"):
+        lines.append(
+            f"optimizer state reset {view['optimizer_resets']} time(s), last at step {view['last_optimizer_reset_step']} "
+            "(the learner resumed without a checkpoint of the step before: AdamW's moments started afresh)"
+        )
     last = view.get("last_metrics")
     if last:
         figures = ("reward_mean", "accuracy_all", "entropy", "response_clip_ratio", "response_length_mean", "step_seconds_total")

@@ -68,6 +68,12 @@ def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_
     assert_exactly_once(world, run, 4, status)
     log = world.sup.get("learner").log_tail(400)
     assert f"checkpoint {ckpt} is unreadable" in log and "without a (readable) checkpoint" in log
+    # the reset of the optimizer state is recorded, not silent: in the step record, the run's status
+    resumed = int(ckpt.name.split("-")[1]) + 1
+    records = world.api.get(f"/v1/runs/{run}/metrics").json()
+    assert [r["step"] for r in records if r.get("optimizer_reset")] == [resumed]
+    view = world.api.get(f"/v1/runs/{run}").json()
+    assert view["optimizer_resets"] == 1 and view["last_optimizer_reset_step"] == resumed
     if damage == "zeroed tensor data":
         assert "model.safetensors does not match its SHA-256" in log
         from safetensors.torch import load_file

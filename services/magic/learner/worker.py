@@ -157,6 +157,9 @@ class LearnerWorker(Worker):
                 "weights: it lost writes (restarted from an older state)"
             )
         model_dir, ckpt = self._resume_source()
+        self._optimizer_reset = self.version > 0 and ckpt is None
+        """Resumed without the optimizer state of the step it resumes (no intact checkpoint of it):
+        recorded in the next step's record (`optimizer_reset`), never silent."""
         _broadcast(("attach", self.run_id, self.spec.model_dump_json(), model_dir, str(ckpt) if ckpt else None))
         self.trainer = _attach(settings, self.spec, model_dir, ckpt)
         if ckpt is None and self.version > 0:
@@ -310,6 +313,8 @@ class LearnerWorker(Worker):
         record = self.trainer.train_step(groups, version=k, stage=stage)
         train_seconds = time.perf_counter() - t0
         record["duplicates"] = float(self.ledger.duplicates)
+        record["optimizer_reset"] = 1.0 if self._optimizer_reset else 0.0  # AdamW's moments started afresh at this step
+        self._optimizer_reset = False
         record["train_seconds"] = train_seconds
         m.export_step(record)
         m.VERSION_MISMATCH.inc(record["version_mismatch"])

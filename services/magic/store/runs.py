@@ -349,6 +349,9 @@ class RunStore:
         rk = self.keys
         pipe.rpush(rk.metrics, json.dumps(record, sort_keys=True))
         pipe.hset(rk.state, mapping={"step": k + 1, "phase": Phase.publish.value, "policy_version": k + 1})
+        if record.get("optimizer_reset"):  # the learner resumed step k without its optimizer state: never silent
+            pipe.hincrby(rk.state, "optimizer_resets", 1)
+            pipe.hset(rk.state, "last_optimizer_reset_step", k)
 
     # -- filtering ---------------------------------------------------------------------------
 

@@ -49,6 +49,10 @@ class RunView(BaseModel):
     workers: dict[str, dict[str, dict]]
     """Live processes of the run by service (rollout, reward, learner), from their heartbeats."""
     throughput: Throughput
+    optimizer_resets: int = 0
+    """Steps at which the learner resumed without the optimizer state of the step before (no intact
+    checkpoint of it: AdamW's moments started afresh); each step record says so (`optimizer_reset`)."""
+    last_optimizer_reset_step: int | None = None
     last_metrics: dict | None = None
     stages: list[dict]
     """One record per started stage: start/end step, why it ended, prompts, filter counts."""
@@ -111,6 +115,8 @@ def run_view(c: Controller, run_id: str) -> RunView:
         error=state.get("error"),
         workers=workers,
         throughput=throughput(recent),
+        optimizer_resets=int(state.get("optimizer_resets", 0)),
+        last_optimizer_reset_step=int(state["last_optimizer_reset_step"]) if "last_optimizer_reset_step" in state else None,
         last_metrics=recent[-1] if recent else None,
         stages=run.stage_records(),
         filtering=filtering(c, run_id),
