@@ -22,9 +22,10 @@ RUN_STAMP := $(VENV)/.installed-run
 
 # Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py),
 # bubblewrap (the code sandbox, services/magic/reward/sandbox/confine.py), podman, mmdebstrap and
-# uidmap (tests/deploy/test_images.py builds the images: docker/check_images.py).
+# uidmap (tests/deploy/test_images.py builds the images: docker/check_images.py), python3-venv (Debian's
+# python3.11 in a virtualenv for tests/integration/test_reward_userns.py).
 # Installed non-interactively when missing (as root, or through sudo), skipped when present.
-TEST_DEBS ?= prometheus bubblewrap podman mmdebstrap uidmap
+TEST_DEBS ?= prometheus bubblewrap podman mmdebstrap uidmap python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test proto venv vllm-venv clean test-debs test-vllm-stack images

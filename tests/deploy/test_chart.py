@@ -483,3 +483,21 @@ def test_schema_rejects_invalid_values(chart, values, where):
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_schema_accepts_the_example_value_sets(chart, name):
     chart.validate_schema(chart.merge_values(value_set(name)))
+
+
+def test_the_reward_sandbox_can_run_in_a_user_namespace_and_is_refused_under_gvisor(chart):
+    import helm_python as helm
+
+    def reward(values):
+        return pod_spec(render(chart, {"reward": values}), "Deployment", "reward")
+
+    assert "hostUsers" not in reward({})  # the default: the node's users
+    spec = reward({"sandbox": {"hostUsers": False}})
+    assert spec["hostUsers"] is False and container(spec, "reward")["securityContext"]["capabilities"]["add"] == SANDBOX_CAPABILITIES
+    assert "hostUsers" not in reward({"sandbox": {"enabled": False, "podSecurity": "restricted", "hostUsers": False}})  # math only: an ordinary pod
+    for runtime in ("gvisor", "runsc", "gke-gvisor"):
+        with pytest.raises(helm.HelmError) as exc:
+            chart.render(values={"reward": {"runtimeClassName": runtime}}, name=RELEASE, namespace=NAMESPACE)
+        assert "google/gvisor#13438" in str(exc.value) and "reward.sandbox.enabled=false" in str(exc.value), str(exc.value)
+    assert reward({"runtimeClassName": "gvisor", "sandbox": {"enabled": False, "podSecurity": "restricted"}})["runtimeClassName"] == "gvisor"
+    assert reward({"runtimeClassName": "kata"})["runtimeClassName"] == "kata"
