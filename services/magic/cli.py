@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval", help="held-out figures (avg@n, pass@k with a 95%% CI, length, truncation) of a run's policy, a model or a checkpoint",
         description="Samples every prompt of a dataset n times with a policy, verifies every answer and prints avg@n, "
-        "pass@k (Chen et al.'s unbiased estimator) with a 95%% confidence interval over prompts, the mean response length "
+        "pass@k (Chen et al.'s unbiased estimator) with a 95% confidence interval over prompts, the mean response length "
         "and the truncated share (the figures of in-run validation, magic.evaluation); --out writes them as JSON. "
         "--run RUN: the policy version the run's rollout workers serve at its next step boundary (at once while it is paused "
         "or waits), through the rollout and reward services (POST /v1/runs/RUN/evals). --local MODEL_OR_CHECKPOINT: on this "

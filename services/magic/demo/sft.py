@@ -111,8 +111,8 @@ def train(model, tokenizer, problems: list[list[int]], cfg: SFTConfig, progress:
         bar.update(1)
         if (step + 1) % 10 == 0:
             bar.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
-        if not progress and (step + 1) % 100 == 0:
-            log.info("sft step %d/%d loss %.4f (%.0fs)", step + 1, cfg.steps, loss_value, time.perf_counter() - t0)
+        if not progress and ((step + 1) % 100 == 0 or step + 1 == cfg.steps):
+            log.info("warm start step %d/%d loss %.4f (%.0fs)", step + 1, cfg.steps, loss_value, time.perf_counter() - t0)
     bar.close()
     model.eval()
     return {"sft_seconds": time.perf_counter() - t0, "sft_final_loss": loss_value}

@@ -83,8 +83,12 @@ def context_window(model_dir: str | Path) -> int | None:
 def load_engine(model_dir: str | Path, weights: dict | None = None, max_batch_sequences: int = 1024) -> RolloutEngine:
     """A torch engine on Hugging Face model directory `model_dir` (a learner checkpoint is one),
     with `weights` (a state dict) loaded over it when given."""
+    from transformers.utils import logging as hf_logging
+
     from magic import modeling  # heavy (torch)
     from magic.rollout.engine import TorchEngine
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar on every evaluation
 
     from magic.learner.checkpoints import TRAINER_STATE_FILE, unusable  # safetensors.torch: heavy, as above
 

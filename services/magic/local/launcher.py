@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import secrets
 import shutil
 import signal
@@ -136,7 +137,9 @@ def launch(args: argparse.Namespace) -> int:
         print(f"magic local: invalid stage plan: {exc}", file=sys.stderr)
         return Exit.usage
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "matplotlib", "transformers", "filelock"):  # a library's chatter is not the run's
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from magic.demo.prepare import prepare  # heavy (torch, transformers): after the plan is checked
     from magic.demo.sft import SFTConfig  # heavy (torch)
 
@@ -148,7 +151,8 @@ def launch(args: argparse.Namespace) -> int:
             print(f"\nmagic local failed: {exc}", file=sys.stderr, flush=True)
             return Exit.failed
     print("[1/5] preparing the tiny model and data (cached after the first run) ...", flush=True)
-    demo = prepare(args.demo_dir, sft=SFTConfig(steps=args.sft_steps) if args.sft_steps else None, progress=True)
+    # progress bars only on a terminal: in a log file they leave \r fragments (one plain line a step instead)
+    demo = prepare(args.demo_dir, sft=SFTConfig(steps=args.sft_steps) if args.sft_steps else None, progress=sys.stdout.isatty())
     out = Path(args.out).resolve()
     try:
         return _run(args, demo, stages, out, t_start)
@@ -246,13 +250,27 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     return 0
 
 
+def magic_command() -> str:
+    """How to run `magic` again from this shell: `magic` when it is on the PATH, else the path this
+    process was started by (`.venv/bin/magic` after `make run`), relative to the working directory."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name != "magic" or shutil.which("magic") == str(argv0.resolve()):
+        return "magic"
+    try:
+        return str(argv0.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(argv0.resolve())
+
+
 def next_commands(out: Path, plot: Path, steps: int) -> str:
-    """The three commands a user tries next: the run's status, the plot, a longer plan."""
+    """The three commands a user tries next: the run's status, the plot, a longer plan — each
+    runnable as printed."""
+    magic = magic_command()
     return "\n".join([
         "next:",
         f"  cat {out / 'summary.json'}    # the run's status at its end (while a run goes: the `magic status` line printed at [4/5])",
-        f"  xdg-open {plot}    # the curves: reward, accuracy, entropy, truncation per step (open on macOS)",
-        f"  magic local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages (magic local --help)",
+        f"  xdg-open {plot}    # the curves: accuracy (rollout and held-out), entropy, response length and truncation per step (open on macOS)",
+        f"  {magic} local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages ({magic} local --help)",
     ])
 
 
@@ -278,7 +296,7 @@ def _follow(api, sup, run: str, total: int, timeout: float) -> list[dict]:
 
     records: list[dict] = []
     deadline = time.monotonic() + timeout
-    with tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stdout) as bar:
+    with tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stdout, disable=not sys.stdout.isatty()) as bar:
         while True:
             _check_services(sup)
             new = api.metrics(run, since=len(records))

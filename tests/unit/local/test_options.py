@@ -43,3 +43,29 @@ def test_a_bad_stage_setting_exits_2_naming_its_flag_before_any_work(capsys, tmp
     assert code == 2 and named in err, err
     assert "errors.pydantic.dev" not in err and "Traceback" not in err
     assert not (tmp_path / "demo").exists() and not (tmp_path / "out").exists()  # refused before the warm start
+
+
+@pytest.mark.parametrize("command", [["local"], ["eval"], ["export"], ["status"], ["stage", "start"], ["run", "create"], ["dataset", "register"]])
+def test_help_texts_print_as_written(capsys, command):
+    """argparse doubles `%` in help strings, never in descriptions: no command prints "%%"."""
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    assert "%%" not in capsys.readouterr().out
+
+
+def test_the_next_commands_run_as_printed(monkeypatch, tmp_path):
+    """After `make run`, `magic` is .venv/bin/magic, not on the PATH: the hints say so."""
+    import sys
+
+    from magic.local.launcher import next_commands
+
+    venv_magic = tmp_path / ".venv" / "bin" / "magic"
+    venv_magic.parent.mkdir(parents=True)
+    venv_magic.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(venv_magic), "local"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    text = next_commands(tmp_path / "out", tmp_path / "out" / "run.png", 40)
+    assert "  .venv/bin/magic local --steps 120" in text and "(.venv/bin/magic local --help)" in text
+    assert "reward" not in text  # the plot has no reward curve: the hint names what it has
