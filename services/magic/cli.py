@@ -167,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer state), into a directory `from_pretrained` and `vllm serve` load as is.",
     )
     exp.add_argument("run")
-    exp.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete checkpoint)")
+    exp.add_argument(
+        "--step", type=int, default=None,
+        help="the checkpoint written after training step K (steps count from 0: it holds policy version K+1; with a checkpoint "
+        "every 20 steps they are 19, 39, ...) (default: the newest complete checkpoint)",
+    )
     exp.add_argument("--out", "-o", required=True, help="the model directory to write (must not exist unless --force)")
     exp.add_argument("--data-dir", default=None, help="the shared volume the learner writes to (default: $MAGIC_DATA_DIR or .magic/data)")
     exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="convert the weights (default: as stored, the learner's float32)")

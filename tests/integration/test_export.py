@@ -158,3 +158,12 @@ def test_an_output_it_cannot_write_exits_2_saying_why_before_any_work(data_dir, 
     assert main(["export", RUN, "--out", "/proc/magic-export", "--data-dir", str(data_dir)]) == Exit.usage
     err = capsys.readouterr().err
     assert ("cannot write there" in err or "is not writable" in err) and "Traceback" not in err
+
+
+def test_a_run_of_magic_local_is_found_and_named_with_the_flag_to_pass(data_dir, tmp_path, capsys, monkeypatch):
+    from magic.learner.export import LOCAL_DATA_DIR
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / LOCAL_DATA_DIR / "runs" / "local").mkdir(parents=True)
+    assert main(["export", "local", "--out", str(tmp_path / "hf"), "--data-dir", str(data_dir)]) == Exit.usage
+    assert f"`magic local` wrote a run 'local' under {LOCAL_DATA_DIR}: pass --data-dir {LOCAL_DATA_DIR}" in capsys.readouterr().err

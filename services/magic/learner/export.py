@@ -23,6 +23,8 @@ from pathlib import Path
 
 from magic.learner.checkpoints import COMPLETE, MODEL_ASSETS, step_dir, unusable
 
+LOCAL_DATA_DIR = ".magic/local/data"
+"""The data directory of `magic local`'s default --out (.magic/local)."""
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes the weights can be exported in (None: as stored)."""
 
@@ -51,7 +53,11 @@ def find_checkpoint(data_dir: str | Path, run: str, step: int | None) -> Path:
     root = checkpoint_root(data_dir, run)
     if not (Path(data_dir) / "runs" / run).is_dir():
         runs = sorted(p.name for p in (Path(data_dir) / "runs").glob("*") if p.is_dir())
-        raise ExportError(f"no run {run!r} under {Path(data_dir) / 'runs'} (runs with a directory there: {', '.join(runs) or 'none'})")
+        hint = ""
+        for other in (LOCAL_DATA_DIR,):  # where `magic local` keeps its runs (its --out's data/)
+            if Path(other).resolve() != Path(data_dir).resolve() and (Path(other) / "runs" / run).is_dir():
+                hint = f"; `magic local` wrote a run {run!r} under {other}: pass --data-dir {other}"
+        raise ExportError(f"no run {run!r} under {Path(data_dir) / 'runs'} (runs with a directory there: {', '.join(runs) or 'none'}){hint}")
     steps = available_steps(root)
     listing = f"complete checkpoints of run {run!r}: steps {', '.join(map(str, steps))}" if steps else f"run {run!r} has no complete checkpoint under {root}"
     if step is None:

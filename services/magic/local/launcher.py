@@ -246,7 +246,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     if before and after:
         print(f"held-out accuracy: {before.avg_at_n:.1%} -> {after.avg_at_n:.1%} ({100 * (after.avg_at_n - before.avg_at_n):+.1f} points)")
     print(f"metrics: {metrics_path}\nplot:    {plot}\nlogs:    {out / 'logs'}\nwall time: {summary['wall_seconds']:.0f}s")
-    print("\n" + next_commands(out, plot, summary["steps"]))
+    print("\n" + next_commands(out, plot, summary["steps"], args.run_name))
     return 0
 
 
@@ -262,15 +262,17 @@ def magic_command() -> str:
         return str(argv0.resolve())
 
 
-def next_commands(out: Path, plot: Path, steps: int) -> str:
-    """The three commands a user tries next: the run's status, the plot, a longer plan — each
-    runnable as printed."""
+def next_commands(out: Path, plot: Path, steps: int, run: str = "local") -> str:
+    """The commands a user tries next: the run's status, the plot, a longer plan, the newest
+    checkpoint as a model directory (when one was written) — each runnable as printed."""
     magic = magic_command()
     return "\n".join([
         "next:",
         f"  cat {out / 'summary.json'}    # the run's status at its end (while a run goes: the `magic status` line printed at [4/5])",
         f"  xdg-open {plot}    # the curves: accuracy (rollout and held-out), entropy, response length and truncation per step (open on macOS)",
         f"  {magic} local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages ({magic} local --help)",
+        *([f"  {magic} export {run} --data-dir {out / 'data'} --out {out / 'model'}    # the newest checkpoint as a Hugging Face model directory"]
+          if any((out / "data" / "runs" / run / "checkpoints").glob("step-*/COMPLETE")) else []),
     ])
 
 
