@@ -736,6 +736,11 @@ NAMED_LIKE_THE_PRELUDE = [  # (the test, a wrong program that also redefines wha
     ("assert math.factorial(5) == factorial(5)", "import types\nmath = types.SimpleNamespace(factorial=lambda n: 0)\ndef factorial(n):\n    return 0\n",
      "def factorial(n):\n    return 1 if n < 2 else n * factorial(n - 1)\n"),
     ("assert abs(count([1, 2, 1], 1) - 2) == 0", "def count(xs, v):\n    return 0\ndef abs(x):\n    return 0\n", "def count(xs, v):\n    return xs.count(v)\n"),
+    ("assert list(map(gcd, [12, 3], [8, 9])) == [4, 3]", "def gcd(a, b):\n    return 0\ndef list(x):\n    return [4, 3]\n",
+     "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"),
+    ("assert factorial(len('abc')) == 6", "def factorial(n):\n    return 0\ndef len(x):\n    return 3\n", "def factorial(n):\n    return 1 if n < 2 else n * factorial(n - 1)\n"),
+    ("assert median([1, 2, 3, 4]) == sum([2, 3]) / 2", "def median(x):\n    return 0\ndef sum(x):\n    return 0\n",
+     "def median(x):\n    s = sorted(x)\n    n = len(s)\n    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2\n"),
     ("assert sorted(set(permutations('ab'))) == [('a', 'b'), ('b', 'a')]", "def permutations(x):\n    return []\ndef set(x):\n    return x\ndef sorted(x):\n    return [('a', 'b'), ('b', 'a')]\n",
      "from itertools import permutations as p\ndef permutations(x):\n    return list(p(x))\n"),
 ]

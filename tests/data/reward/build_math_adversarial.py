@@ -37,6 +37,8 @@ for g, other in (("6", "5"), ("12", "7")):
     add("unmarked", "sign word", [f"minus {g}", f"negative {g}", f"$\\pm {g}$"], g)
     add("label", "function of the unknown", [f"$\\sqrt{{x}} = {g}$", f"$\\ln x = {g}$", f"$x! = {g}$", f"$x^2 = {g}$", f"$\\log_2 x = {g}$", f"$e^x = {g}$", f"$|x| = {g}$"], g)
     add("label", "question-dependent name", [f"perimeter = {g}", f"area = {g}", f"the sum = {g}", f"$\\text{{radius}} = {g}$"], g)
+add("unit-drop", "second value or bound as a unit", ["5 \\text{ or 6}", "5 \\text{ (or 6)}", "5 \\text{ or greater}", "5 \\text{ and above}",
+                                                   "5 \\text{ roughly}", "5 tops", "5 doubled", "5 or so"], "5")
 add("unmarked", "operation", ["pi/2", "5 choose 2", "half of 2", "2 to the 3"], "2")
 add("label", "function of the unknown", ["$\\sin x = \\frac12$", "$\\cos x = \\frac{1}{2}$", "$\\tan x = \\frac{1}{2}$"], "\\frac{1}{2}")
 add("percent", "percent of something else", ["28 percent more", "28\\% or less", "0.28\\%"], "28")

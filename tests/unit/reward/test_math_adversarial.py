@@ -37,3 +37,18 @@ def test_no_adversarial_answer_is_accepted():
         if verify_magic(r["response"], r["gold"], OPTIONS if r["rule"] == "choices" else "").correct
     ]
     assert not accepted, accepted
+
+
+RECALL_TWINS = [  # clean answers next to the attacks: each still correct
+    (r"\boxed{5 \text{ apples}}", "5"), (r"\boxed{5 \text{ square meters}}", "5"), (r"\boxed{5 \text{ ways}}", "5"),
+    (r"\boxed{12\pi \text{ cm}^2}", r"12\pi"), (r"\boxed{x_1 = 3}", "3"), (r"\boxed{x_{\max} = 5}", "5"), (r"\boxed{\Delta x = 5}", "5"),
+    (r"\boxed{\bar{x} = 5}", "5"), (r"\boxed{\alpha = 30^\circ}", r"30^\circ"), (r"\boxed{V_{\text{cone}} = 12\pi}", r"12\pi"),
+    (r"\boxed{AB = 5\sqrt{2}}", r"5\sqrt{2}"), (r"\boxed{(p, q) = (3, 2)}", "(3, 2)"), ("The answer is 42 dollars", "42"),
+    ("So x = 5.", "5"), ("Hence 42.", "42"), ("Total: 42", "42"), ("She has 42 apples.", "42"), ("The most likely outcome is 7.", "7"),
+    ("It is 6.", "6"), ("The volume is $120$.", "120"), ("Answer $ 9 $", "9"), ("28 percent", "28"),
+]
+
+
+def test_the_clean_twins_of_the_attacks_stay_correct():
+    wrong = [(r, g) for r, g in RECALL_TWINS if not verify_magic(r, g).correct]
+    assert not wrong, wrong

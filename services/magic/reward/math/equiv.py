@@ -104,6 +104,9 @@ _VALUE_WORDS = {
     "million", "millions", "billion", "billions", "trillion", "thousand", "thousands", "hundred", "hundreds", "dozen", "dozens",
     "half", "halves", "third", "thirds", "quarter", "quarters", "percentile", "minus", "plus", "negative", "not", "no",
     "less", "more", "least", "most", "than", "between", "approx", "pi", "e", "i", "th", "st", "nd", "rd",
+    "greater", "fewer", "higher", "lower", "above", "below", "under", "up", "so", "roughly", "approximately", "around",
+    "about", "nearly", "almost", "ish", "maybe", "tops", "max", "min", "maximum", "minimum", "tens", "tenths", "hundredths",
+    "thousandths", "doubled", "tripled", "twice", "thrice", "pair", "pairs", "inclusive", "exclusive", "or", "and", "to",
 }
 """Words after a number that change its value or hedge it (``5 squared``, ``3 million``, ``7 or
 less``): never a unit that can be dropped, so the answer is read as what it says and refused."""
@@ -262,6 +265,8 @@ def _split_unit(s: str) -> tuple[str, str]:
     if not words or any(w.lower() in _MATH_WORDS or w.lower() in _VALUE_WORDS for w in words):
         return s, ""
     wrapped = "\\text" in m.group(0) or "\\mathrm" in m.group(0)
+    if re.search(r"\d", _POWER.sub("", tail)):
+        return s, ""  # "5 \text{ or 6}": another value, not a unit
     if not wrapped and any(w.lower() in _NOT_UNITS for w in words):
         return s, ""  # "x in S", "1 or 2": words of a sentence, not a unit
     # a single plain letter after a number is a variable ("2 x"), unless it is \text'ed
@@ -430,9 +435,14 @@ def _expand_pm(s: str) -> list[str]:
 
 
 _LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
-_VAR = r"[A-Za-z](?:_\{?\w+\}?)?"
+_SUB = r"(?:_(?:\w|\{(?:[^{}]|\{[^{}]*\})*\}))?"
+_GREEK = (
+    r"alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|"
+    r"varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega"
+)
+_VAR = rf"(?:[A-Za-z]|\\(?:{_GREEK})|\\Delta\s*[A-Za-z]|\\(?:bar|hat|tilde|vec|overline)\{{[A-Za-z]\}}){_SUB}"
 _POINTS = r"(?:[A-Z]{2,4}|\|[A-Z]{2,4}\||\\overline\{[A-Z]{2,4}\}|(?:m\s*)?\\angle\s*[A-Z]{1,3})"
-_SAFE_LABEL = re.compile(rf"^\s*(?:\(\s*{_VAR}(?:\s*,\s*{_VAR})+\s*\)|{_POINTS}(?:\s*:\s*{_POINTS})*|{_VAR}\s*:\s*{_VAR})\s*$")
+_SAFE_LABEL = re.compile(rf"^\s*(?:\(\s*{_VAR}(?:\s*,\s*{_VAR})+\s*\)|{_POINTS}(?:\s*:\s*{_POINTS})*|{_VAR}(?:\s*:\s*{_VAR})?)\s*$")
 """What may name an answer's value (``(p,q) = (3,2)``, ``AB = 4``, ``|AB| = 1``, ``\\angle ABC = 30``,
 ``V_1:V_2 = 11:21``): variables and points only — not a function of the unknown (``\\sqrt{x} = 5``,
 ``\\ln x = 5``, ``x! = 6``) nor a word whose meaning depends on the question (``perimeter = 12``)."""
@@ -678,7 +688,7 @@ def _assignment(e) -> tuple[str, Basic] | None:
 
 _PLAIN_VARIABLE = re.compile(
     r"^(?:[A-Za-z]|alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|"
-    r"upsilon|phi|varphi|chi|psi|omega)(?:_\{?\w+\}?)?$",
+    r"upsilon|phi|varphi|chi|psi|omega)(?:_.+)?$",
     re.IGNORECASE,
 )
 """``x``, ``y_1``, ``\theta``: a symbol that names an unknown, not a word."""

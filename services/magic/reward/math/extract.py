@@ -175,7 +175,7 @@ def strip_closing(text: str) -> str:
 _MATH_SPAN = re.compile(r"\$\$(?P<a>[^$]+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>[^\n]+?)\\\)|\$(?P<d>[^$\n]+?)\$", re.DOTALL)
 """Display math (may span lines) and inline math (may not)."""
 _HEDGE = re.compile(
-    r"\b(?:not sure|unsure|maybe|perhaps|probably|possibly|likely|might|could be|I think|I believe|guess|unknown|cannot|can't|no answer|none|either)\b|\?",
+    r"\b(?:not sure|unsure|maybe|perhaps|probably|possibly|might|could be|I think|I believe|guess|unknown|cannot|can't|no answer|none|either)\b|\?",
     re.IGNORECASE,
 )
 UNMARKED_MAX_CHARS = 80
@@ -201,10 +201,11 @@ def unmarked_answer(region: str) -> str | None:
         return None  # long, several lines of prose (a chain of thought cut off), or hedging
     text = _MATH_SPAN.sub(lambda m: next(g for g in m.groups() if g is not None).strip(), text)
     text = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)?\s*", "", text, flags=re.IGNORECASE).strip().rstrip(".").strip()
+    text = re.sub(r"^(?:so|thus|hence|therefore|total|result|in total)\b[,:]?\s*", "", text, flags=re.IGNORECASE).strip()
     return _stated_value(text).strip() or None
 
 
-_STATED = re.compile(r"^(?P<subject>(?:[A-Za-z$][^.!?]*?\s)?)(?:is|are|equals|was|would be|will be)\s+(?:approximately\s+|about\s+)?(?P<value>[^\s].*?)\s*\.?$", re.IGNORECASE)
+_STATED = re.compile(r"^(?P<subject>(?:[A-Za-z$][^.!?]*?\s)?)(?:is|are|equals|was|would be|will be|has|have|gets|got)\s+(?:approximately\s+|about\s+)?(?P<value>[^\s].*?)\s*\.?$", re.IGNORECASE)
 
 
 def _stated_value(statement: str) -> str:

@@ -513,11 +513,16 @@ def _under_test(code: str, entry_point: str | None, defined: set[str], prelude: 
     if own:
         return own
     candidates = used & defined
+    # a name of the prelude (median, gcd, permutations) is the task's function before a builtin
+    # (len, sum, sorted) is: the builtins around it keep their meaning
+    named_like_prelude = candidates - set(_PRISTINE_BUILTINS)
+    candidates = named_like_prelude or candidates
 
     def calls(node: ast.AST) -> list[ast.Call]:
         return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in candidates]
 
-    return {c.func.id for c in calls(tree) if not any(inner is not c for inner in calls(c))}
+    innermost = {c.func.id for c in calls(tree) if not any(inner is not c for inner in calls(c))}
+    return innermost or candidates  # never called by name (map(gcd, ...), f = median): the names themselves
 
 
 def _failed_line(exc: BaseException, code: str) -> str:
