@@ -109,6 +109,8 @@ if why is None:
         right = judge.verify("```python\na, b = map(int, input().split())\nprint(a + b)\n```", truth)
         wrong = judge.verify("```python\nprint(3)\n```", truth)
     check(right.status.value == "correct" and wrong.status.value == "wrong", f"the sandbox judges: a correct program {right.status.value}, a wrong one {wrong.status.value}")
+elif not failed and sys.argv[1:] == ["--require"]:
+    check(False, f"bubblewrap cannot start a confined process with the reward pod's privileges: {why}")
 elif not failed:
     print(f"note  the sandbox's self-test cannot run in a build step: bubblewrap cannot start a confined process here: {why}", flush=True)
 sys.exit(1 if failed else 0)
@@ -221,8 +223,8 @@ def check_service(engine: Engine, service: str, image: str, work: Path) -> list[
     if entrypoint:  # the entry point itself: a missing or broken one fails here
         steps += [("user", [*entrypoint, "--version"]), ("user", [*entrypoint, "serve", "--help"])]
     steps.append(("user", ["python3", "-c", INSIDE, service, version(), ",".join(MODULES[service]), TORCH[service]]))
-    if service == "reward":
-        steps.append(("root", ["python3", "-c", SANDBOX]))
+    if service == "reward":  # a privileged container (docker) must run the sandbox; a build step may only say why not
+        steps.append(("root", ["python3", "-c", SANDBOX, *(["--require"] if engine.name == "docker" else [])]))
     if not engine.check_inside(image, steps, work / f"{service}.check.Containerfile", f"{service}: checks inside the image"):
         failures.append(f"{service}: a check inside the image failed (log: {engine.log})")
     return failures
@@ -250,17 +252,21 @@ def broken_variants(engine: Engine, base: str, work: Path) -> list[str]:
     """A wrong COPY path and a missing entry point: each must fail the build or the checks."""
     failures = []
     source = (ROOT / "docker" / "controller.Dockerfile").read_text()
-    variants = {
-        "a wrong COPY path": source.replace("COPY services ./services", "COPY service ./services"),
-        "a missing entry point": source.replace('ENTRYPOINT ["magic"]', 'ENTRYPOINT ["magic-server"]'),
+    variants = {  # the breakage, and what must show in the log: the broken step itself, not a failure of anything else
+        "a wrong COPY path": (source.replace("COPY services ./services", "COPY service ./services"), "COPY service ./services"),
+        "a missing entry point": (source.replace('ENTRYPOINT ["magic"]', 'ENTRYPOINT ["magic-server"]'), "magic-server"),
     }
-    for what, text in variants.items():
+    for what, (text, sign) in variants.items():
         assert text != source, what
         dockerfile = work / f"broken-{what.split()[-1]}.Dockerfile"
         dockerfile.write_text(text)
         tag = f"localhost/magic-broken-{what.split()[-1]}:check"
+        start = engine.log.stat().st_size if engine.log.exists() else 0
         built = engine.build(dockerfile, tag, f"broken Dockerfile ({what}): build", {"PYTHON_IMAGE": base}, check=False)
-        caught = not built or bool(check_service(engine, "controller", tag, work))
+        failed = not built or bool(check_service(engine, "controller", tag, work))
+        with engine.log.open("rb") as f:
+            f.seek(start)
+            caught = failed and sign in f.read().decode(errors="replace")
         print(f"{'ok  ' if caught else 'FAIL'}  a Dockerfile with {what} is {'caught' if caught else 'NOT caught'}")
         if not caught:
             failures.append(f"a Dockerfile with {what} passed the checks")
@@ -286,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     images = dict(x.split("=", 1) for x in args.image)
     if not args.no_build and {"rollout", "learner"} & set(args.services):
         print("rollout and learner are built from vLLM's CUDA image: check them with --no-build --image (or their wheel stage: --gpu-wheels)", file=sys.stderr)
+        return 2
+    if args.no_build and (args.broken or args.gpu_wheels) and not args.base:
+        print("--broken and --gpu-wheels build images: give --base, or leave out --no-build", file=sys.stderr)
         return 2
     if args.no_build and set(args.services) - set(images):
         print(f"--no-build needs --image SERVICE=REF for {sorted(set(args.services) - set(images))}", file=sys.stderr)

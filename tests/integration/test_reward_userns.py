@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SYSTEM_PYTHON = "/usr/bin/python3.11"
+SYSTEM_PYTHON = "/usr/bin/python3"
 HOST_BASE = 100000
 PACKAGES = ["pydantic", "pydantic-settings", "pyseccomp", "redis", "protobuf"]
 
@@ -43,15 +43,17 @@ with Sandbox(SandboxSettings(slots=1, root=os.environ["SANDBOX_ROOT"], uid_base=
     judge = CodeVerifier(box)
     print("correct:", judge.verify(fence("a, b = map(int, input().split())\nprint(a + b)"), truth).status.value)
     print("wrong:", judge.verify(fence("print(3)"), truth).status.value)
-    escape = judge.verify(fence("import os\nos.setuid(0)\nprint(3)"), truth)
+    escape = judge.verify(fence("import os\na, b = map(int, input().split())\ntry:\n    os.setuid(0)\n    print(a + b)\nexcept OSError:\n    print(0)"), truth)
     print("setuid:", escape.status.value, escape.details[:80])
 """
 
 
 @pytest.fixture(scope="module")
 def world_readable_python():
-    if not (os.geteuid() == 0 and Path(SYSTEM_PYTHON).exists() and shutil.which("bwrap")):
-        pytest.fail(f"this test needs root, {SYSTEM_PYTHON} (Debian's python3.11, python3-venv) and bubblewrap: make test installs them")
+    if os.geteuid() != 0:
+        pytest.skip("making a user namespace's maps for another range of uids takes root (make test runs as root in CI)")
+    if not (Path(SYSTEM_PYTHON).exists() and shutil.which("bwrap")):
+        pytest.fail(f"this test needs {SYSTEM_PYTHON} (Debian's, with python3-venv) and bubblewrap: make test installs them")
     home = Path(tempfile.mkdtemp(prefix="magic-userns-", dir="/tmp"))
     try:
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(home / "venv")], check=True, capture_output=True)

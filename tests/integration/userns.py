@@ -26,10 +26,13 @@ def main() -> int:
     to_child_r, to_child_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(to_parent_r)
+        os.close(to_child_w)
         if libc.unshare(CLONE_NEWUSER) != 0:
             os._exit(90)
         os.write(to_parent_w, b"u")  # the parent maps our ids now
-        os.read(to_child_r, 1)
+        if os.read(to_child_r, 1) != b"m":
+            os._exit(93)
         os.setgid(0)
         os.setuid(0)
         if libc.unshare(CLONE_NEWNS | CLONE_NEWPID) != 0:
@@ -42,7 +45,12 @@ def main() -> int:
             os.execvp(argv[0], argv)
         _, status = os.waitpid(inner, 0)
         os._exit(os.waitstatus_to_exitcode(status))
-    os.read(to_parent_r, 1)
+    os.close(to_parent_w)
+    os.close(to_child_r)
+    if os.read(to_parent_r, 1) != b"u":  # the child died before it made its namespace
+        _, status = os.waitpid(pid, 0)
+        print(f"userns: no user namespace could be made (exit {os.waitstatus_to_exitcode(status)})", file=sys.stderr)
+        return 1
     for name in ("uid_map", "gid_map"):
         with open(f"/proc/{pid}/{name}", "w") as f:
             f.write(f"0 {base} {RANGE}\n")

@@ -271,7 +271,7 @@ def next_commands(out: Path, plot: Path, steps: int, run: str = "local") -> str:
         f"  cat {out / 'summary.json'}    # the run's status at its end (while a run goes: the `magic status` line printed at [4/5])",
         f"  xdg-open {plot}    # the curves: accuracy (rollout and held-out), entropy, response length and truncation per step (open on macOS)",
         f"  {magic} local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages ({magic} local --help)",
-        *([f"  {magic} export {run} --data-dir {out / 'data'} --out {out / 'model'}    # the newest checkpoint as a Hugging Face model directory"]
+        *([f"  {magic} export {run} --data-dir {out / 'data'} --out {out.parent / (out.name + '-model')}    # the newest checkpoint as a model directory (outside --out, which the next run empties)"]
           if any((out / "data" / "runs" / run / "checkpoints").glob("step-*/COMPLETE")) else []),
     ])
 
