@@ -772,6 +772,8 @@ def test_a_flood_of_empty_files_counts_as_the_programs_memory():
     with Sandbox(settings) as sb:
         verifier = CodeVerifier(sb)
         v, elapsed = judge(verifier, flood)
-        after, _ = judge(verifier, "import os\nprint(sorted(os.listdir('/tmp'))[:5])", json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["[]"]}))
+        # the flood's files (f0, f1, ...), not what the sandbox's own layout puts in /tmp (a Python installed under /tmp)
+        left = "import os\nprint([n for n in os.listdir('/tmp') if n[:1] == 'f' and n[1:].isdigit()][:5])"
+        after, _ = judge(verifier, left, json.dumps({"type": "stdin_stdout", "inputs": [""], "outputs": ["[]"]}))
     assert v.status is Status.wrong and "memory limit" in v.details, v
     assert after.correct, after  # nothing of it is left for the next response
