@@ -18,7 +18,6 @@ resumed never replaces the checkpoint its replacement wrote. The oldest beyond `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from magic.runtime.files import fsync_path, fsync_tree, write_durably
+from magic.runtime.files import fsync_path, fsync_tree, sha256_hex, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +117,6 @@ class CheckpointWriter:
             self._writer = None
 
 
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_checkpoint(
     policy, state, write_optimizer, trainer_state, assets_from, tmp: Path, final: Path, keep: int, ema: dict | None = None,
     fence: Callable[[], None] | None = None, epoch: int = 0,
@@ -141,7 +132,7 @@ def _write_checkpoint(
             save_file(ema, str(tmp / EMA_REFERENCE_FILE))
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
         fsync_tree(tmp)  # every file on disk before the manifest that vouches for them
-        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_hex(p)} for p in sorted(tmp.rglob("*")) if p.is_file()}
         write_durably(tmp / COMPLETE, json.dumps({"step": trainer_state.get("step"), "epoch": epoch, "files": files}))
     except Exception:  # noqa: BLE001 — an incomplete checkpoint is never loaded; the next one retries
         log.exception("writing checkpoint %s failed", final)
@@ -239,7 +230,7 @@ def verify(directory: Path) -> str | None:
         if legacy:
             log.warning("checkpoint %s has no digests (written before MAGIC recorded them): checked by size only", directory)
         for name, entry in manifest["files"].items():
-            if name not in legacy and sha256_file(directory / name) != entry["sha256"]:
+            if name not in legacy and sha256_hex(directory / name) != entry["sha256"]:
                 return f"{name} does not match its SHA-256 in {COMPLETE} (its bytes changed after it was written)"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"

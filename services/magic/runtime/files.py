@@ -3,14 +3,25 @@
 `write_durably` writes a temporary file next to the target, fsyncs it, renames it over the target
 and fsyncs the directory, so a reader sees the old content or the new one, never a mix, and a
 power cut after it returns loses nothing. `fsync_tree` flushes files already written (a
-checkpoint's) and their directories before a completion marker is written.
+checkpoint's) and their directories before a completion marker is written. `sha256_hex` is the
+digest the completion markers (checkpoints', published weights') vouch for a file with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
+
+
+def sha256_hex(path: Path, chunk: int = 8 << 20) -> str:
+    """The SHA-256 of the file at `path`, in hex, read `chunk` bytes at a time."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fsync_path(path: Path) -> None:

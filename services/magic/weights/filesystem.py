@@ -12,7 +12,6 @@ readers never see a partial `v<k>` directory; the marker is written (and fsynced
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from magic.protocol.pb import messages_pb2 as pb
-from magic.runtime.files import fsync_path, write_durably
+from magic.runtime.files import fsync_path, sha256_hex, write_durably
 from magic.store.streams import Stream
 from magic.weights.base import Checkpoint, CheckpointLoader, WeightIntegrityError, WeightReceiver, WeightSender
 from magic.weights.config import FilesystemTransportConfig
@@ -38,12 +37,9 @@ MARKER = "COMPLETE"
 TRANSPORT = "filesystem"
 
 
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+def sha256_file(path: Path) -> str:
+    """The file's checksum as announcements carry it: ``sha256:<hex>``."""
+    return "sha256:" + sha256_hex(path)
 
 
 _DIR = re.compile(r"^v(\d{6})(?:-e(\d+))?$")
