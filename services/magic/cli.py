@@ -177,6 +177,26 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="convert the weights (default: as stored, the learner's float32)")
     exp.add_argument("--force", action="store_true", help="replace --out if it exists")
 
+    mem = sub.add_parser(
+        "memory", help="the learner's peak memory per GPU and per host for a model and a shape, before paying for GPUs",
+        description="Prints the learner's peak memory per GPU (rank 0) and per learner pod, by component, for a model's "
+        "config.json and a learner shape (flags, or the chart's values with --values), and exits 1 when it does not fit, "
+        "naming the knob to turn (docs/learner.md, \"Memory plan\"). The learner runs the same check when a run starts.",
+    )
+    mem.add_argument("model", help="a model directory or its config.json (no weights are read)")
+    mem.add_argument("--values", "-f", action="append", default=[], help="chart values file(s) to read learner.* from (later files win)")
+    mem.add_argument("--T", type=int, default=None, dest="context_length", help="max response tokens T (default: 16384)")
+    mem.add_argument("--prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: 1024)")
+    mem.add_argument("--gpus", type=int, default=None, help="GPUs (ranks) per learner pod (learner.gpus; 0: CPU)")
+    mem.add_argument("--nodes", type=int, default=None, help="learner pods (learner.nodes)")
+    mem.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=None, help="ZeRO stage (learner.zeroStage)")
+    mem.add_argument("--precision", choices=("bf16", "fp32"), default=None, help="training precision (learner.precision)")
+    mem.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None, help="learner.activationCheckpointing")
+    mem.add_argument("--micro-batch-tokens", type=int, default=None, help="token budget of a micro-batch (learner.microBatchTokens)")
+    mem.add_argument("--reference", choices=("none", "initial", "ema"), default="none", help="the KL reference policy a stage uses (beta > 0)")
+    mem.add_argument("--gpu-memory", default=None, help="memory of one GPU, e.g. 80GB (learner.gpuMemory)")
+    mem.add_argument("--json", action="store_true", help="print the plan as JSON")
+
     status = sub.add_parser("status", help="a run's stage, step, policy version, workers and last step")
     status.add_argument("run")
     status.add_argument("--watch", "-w", action="store_true", help="refresh until the run ends")
@@ -204,7 +224,57 @@ def main(argv: list[str] | None = None) -> int:
         return eval_command(args)
     if args.command == "export":
         return export_command(args)
+    if args.command == "memory":
+        return memory_command(args)
     return api_command(args)
+
+
+def memory_command(args: argparse.Namespace) -> int:
+    """`magic memory`: the learner's memory plan (`magic.learner.memory`); exit 1 when it does not fit."""
+    import yaml
+
+    from magic.learner import memory
+
+    def usage(problem: str) -> int:
+        print(f"magic memory: {problem}", file=sys.stderr)
+        return Exit.usage
+
+    values: dict = {}
+    for path in args.values:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            return usage(f"--values {path}: cannot read ({exc.strerror or exc})")
+        except yaml.YAMLError as exc:
+            return usage(f"--values {path}: not YAML ({str(exc).splitlines()[0]})")
+        if not isinstance(loaded, dict):
+            return usage(f"--values {path}: not a mapping of chart values")
+        learner = dict(values.get("learner") or {})
+        learner.update(loaded.get("learner") or {})
+        values.update({k: v for k, v in loaded.items() if k != "learner"})
+        values["learner"] = learner
+    learner = values.setdefault("learner", {})
+    for flag, key in (("gpus", "gpus"), ("nodes", "nodes"), ("zero_stage", "zeroStage"), ("precision", "precision"),
+                      ("activation_checkpointing", "activationCheckpointing"), ("micro_batch_tokens", "microBatchTokens"), ("gpu_memory", "gpuMemory")):
+        if getattr(args, flag) is not None:
+            learner[key] = getattr(args, flag)
+    for flag, value, low in (("--T", args.context_length, 1), ("--prompt-tokens", args.prompt_tokens, 1), ("--gpus", args.gpus, 0),
+                             ("--nodes", args.nodes, 1), ("--micro-batch-tokens", args.micro_batch_tokens, 64)):
+        if value is not None and value < low:
+            return usage(f"{flag} {value}: must be at least {low}")
+    try:
+        model = memory.ModelShape.from_path(args.model)
+        sequence = (args.context_length or 16384) + (args.prompt_tokens or 1024)
+        shape = memory.shape_from_values(values, sequence_tokens=sequence, reference=args.reference)
+        result = memory.plan(model, shape)
+    except ValueError as exc:  # ModelShapeError, a bad size or precision in the values
+        return usage(str(exc))
+    if args.json:
+        print(json.dumps({"fits": result.fits, "per_rank": result.per_rank, "rank_total": result.rank_total, "per_host": result.per_host,
+                          "host_total": result.host_total, "problems": result.problems, "params": model.params}, indent=1))
+    else:
+        print(result.table(), end="")
+    return Exit.ok if result.fits else Exit.failed
 
 
 def serve_service(name: str) -> int:

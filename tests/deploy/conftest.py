@@ -16,7 +16,8 @@ DASHBOARDS = CHART / "dashboards"
 VALUE_SETS = {
     "default": None,
     "cpu": CHART / "ci" / "cpu-values.yaml",
-    "multi-gpu": CHART / "ci" / "multi-gpu-values.yaml",
+    "gpu-7b": CHART / "ci" / "gpu-7b-values.yaml",
+    "gpu-32b": CHART / "ci" / "gpu-32b-values.yaml",
     "external-redis": CHART / "ci" / "external-redis-values.yaml",
 }
 """The values the chart is rendered with: its defaults and the example sets in charts/magic/ci/."""

@@ -51,7 +51,7 @@ def test_rules_pass_promtool_check(chart, tmp_path):
 
 ALERTS = {
     "MagicEntropyCollapse", "MagicClipRatioRunaway", "MagicNoStep", "MagicDeadLetters", "MagicRewardTimeouts", "MagicRewardErrors",
-    "MagicTargetDown", "MagicLiveWorkersBelowExpected", "MagicRedisMemoryHigh", "MagicRedisRefusedWrites",
+    "MagicTargetDown", "MagicLearnerDown", "MagicLiveWorkersBelowExpected", "MagicRedisMemoryHigh", "MagicRedisRefusedWrites",
 }
 """Every alert the chart ships; each has a promtool case that fires it (`test_every_alert_has_a_firing_case`)."""
 
@@ -170,6 +170,39 @@ def promtool_cases() -> list[dict]:
                     alert(reward, job="rl-magic-reward", instance="10.0.0.7:9400", severity="critical"),
                     alert({**L, "component": "vllm"}, job="rl-magic-rollout", instance="10.0.0.5:9400", severity="critical"),
                 ]},
+            ],
+        },
+        {  # a normal multi-node start: each learner pod answers only once torchrun's rendezvous and DeepSpeed are
+            # up (25 min here, within the 30 min startup budget): no alert at any time; the learner pod that
+            # then stops answering fires after 5 min, as any target
+            "interval": "1m",
+            "input_series": [
+                series("up", {**learner, "job": "rl-magic-learner", "instance": "10.0.2.1:9400"}, "0x25 1x10 0x20"),
+                series("up", {**learner, "job": "rl-magic-learner", "instance": "10.0.2.2:9400"}, "0x25 1x30"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": t, "alertname": name, "exp_alerts": []}
+                for t in ("5m", "10m", "20m", "26m", "30m", "36m") for name in ("MagicTargetDown", "MagicLearnerDown")
+            ] + [
+                {"eval_time": "43m", "alertname": "MagicTargetDown", "exp_alerts": [
+                    alert(learner, job="rl-magic-learner", instance="10.0.2.1:9400", severity="critical"),
+                ]},
+                {"eval_time": "43m", "alertname": "MagicLearnerDown", "exp_alerts": []},
+            ],
+        },
+        {  # a learner pod that never answers (a node that never joined the rendezvous): MagicLearnerDown once the
+            # whole startup budget (30 min) has passed, never MagicTargetDown; another release's never counts
+            "interval": "1m",
+            "input_series": [
+                series("up", {**learner, "job": "rl-magic-learner", "instance": "10.0.2.3:9400"}, "0x45"),
+                series("up", {**OTHER, "component": "learner", "job": "other-magic-learner", "instance": "10.0.2.4:9400"}, "0x45"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "29m", "alertname": "MagicLearnerDown", "exp_alerts": []},
+                {"eval_time": "31m", "alertname": "MagicLearnerDown", "exp_alerts": [
+                    alert(learner, job="rl-magic-learner", instance="10.0.2.3:9400", severity="critical"),
+                ]},
+                {"eval_time": "40m", "alertname": "MagicTargetDown", "exp_alerts": []},
             ],
         },
         {  # 1 of the 2 rollout workers the chart deploys is alive for 20 min; the reward workers (2 of 2) and

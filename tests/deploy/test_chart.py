@@ -290,7 +290,7 @@ def test_cpu_values_request_no_gpu_and_run_the_torch_engine(rendered):
 
 
 def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
-    docs = rendered["multi-gpu"]
+    docs = rendered["gpu-7b"]
     rollout = one(docs, "Deployment", f"{RELEASE}-magic-rollout")
     assert rollout["spec"]["replicas"] == 4
     spec = rollout["spec"]["template"]["spec"]
@@ -501,3 +501,26 @@ def test_the_reward_sandbox_can_run_in_a_user_namespace_and_is_refused_under_gvi
         assert "google/gvisor#13438" in str(exc.value) and "reward.sandbox.enabled=false" in str(exc.value), str(exc.value)
     assert reward({"runtimeClassName": "gvisor", "sandbox": {"enabled": False, "podSecurity": "restricted"}})["runtimeClassName"] == "gvisor"
     assert reward({"runtimeClassName": "kata"})["runtimeClassName"] == "kata"
+
+
+def test_learner_memory_follows_its_gpus_and_its_shape_reaches_the_learner(chart):
+    """Host memory per rank x ranks per pod (unless resources sets it); precision "auto" is bf16
+    with GPUs and fp32 on CPU; the shape the memory plan reads is the learner's environment; a
+    multi-node start waits the startup budget at the rendezvous; collectives time out in minutes."""
+    for n_gpus, nodes in ((0, 1), (1, 1), (8, 2)):
+        docs = render(chart, {"learner": {"gpus": n_gpus, "nodes": nodes, "memoryPerRank": {"requestGi": 10, "limitGi": 20}}})
+        c = container(pod_spec(docs, "StatefulSet", "learner"), "learner")
+        ranks = max(1, n_gpus)
+        assert c["resources"]["requests"]["memory"] == f"{10 * ranks}Gi" and c["resources"]["limits"]["memory"] == f"{20 * ranks}Gi"
+        e = env(c)
+        assert e["MAGIC_PRECISION"] == ("bf16" if n_gpus else "fp32")
+        assert e["MAGIC_ACTIVATION_CHECKPOINTING"] == "false" and e["MAGIC_MICRO_BATCH_TOKENS"] == "16384"
+        multi = ranks * nodes > 1
+        assert (e.get("MAGIC_COLLECTIVE_TIMEOUT_SECONDS") == "1800") == multi
+        assert ("--rdzv-conf=join_timeout=1740" in c.get("args", [])) == (nodes > 1)
+    docs = render(chart, {"learner": {"gpus": 8, "resources": {"requests": {"memory": "300Gi"}, "limits": {"memory": "400Gi"}}}})
+    c = container(pod_spec(docs, "StatefulSet", "learner"), "learner")
+    assert c["resources"]["requests"]["memory"] == "300Gi" and c["resources"]["limits"]["memory"] == "400Gi"
+    docs = render(chart, {"learner": {"gpus": 8, "precision": "fp32", "activationCheckpointing": True, "microBatchTokens": 8192}})
+    e = env(container(pod_spec(docs, "StatefulSet", "learner"), "learner"))
+    assert (e["MAGIC_PRECISION"], e["MAGIC_ACTIVATION_CHECKPOINTING"], e["MAGIC_MICRO_BATCH_TOKENS"]) == ("fp32", "true", "8192")

@@ -207,7 +207,7 @@ def test_prometheus_reaches_no_other_port(monitored, name):
 
 def test_a_pod_outside_the_named_scrapers_reaches_no_metrics_port_of_the_reward(monitored):
     """With metricsIngressFrom set, the metrics ports are open to it alone."""
-    docs, _ = monitored["multi-gpu"]
+    docs, _ = monitored["gpu-7b"]
     stranger = Pod("x", "default", {"app": "x"}, namespace_labels("default"))
     reward = [t for t in scrape_targets(docs) if t.pod.labels["app.kubernetes.io/component"] == "reward"]
     assert reward and not any(admitted(objects(docs, "NetworkPolicy"), stranger, t.pod, t.port) for t in reward)

@@ -26,10 +26,12 @@ def main(model_dir: str, out: str, zero_stage: int, precision: str = "fp32", che
     torch.set_num_threads(1)
     rank, world = backends.init_distributed(torch.device("cpu"), 120)
     optim = OptimConfig(max_grad_norm=1.0)
-    model = modeling.load_model(model_dir)
-    backend = backends.DeepSpeedBackend(model, optim, torch.device("cpu"), zero_stage, chunk_size=5, precision=precision, activation_checkpointing=checkpointing)
-    reference = modeling.load_model(model_dir).requires_grad_(False).to(backends.PRECISION_DTYPES[precision])
-    trainer = Trainer(backend, optim, 0, 28, reference=reference, chunk_size=5)
+    model = backends.DeepSpeedBackend.load_policy(model_dir, torch.device("cpu"), zero_stage, precision)  # as the learner loads it
+    backend = backends.DeepSpeedBackend(
+        model, optim, torch.device("cpu"), zero_stage, chunk_size=5, precision=precision, activation_checkpointing=checkpointing, model_dir=model_dir
+    )
+    # pi_ref loaded by the backend as the learner does: partitioned under ZeRO-3, a replica otherwise
+    trainer = Trainer(backend, optim, 0, 28, load_reference=lambda: modeling.load_model(model_dir).requires_grad_(False), chunk_size=5)
     vocab = modeling.load_model_config(model_dir).vocab_size
     records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(2)]
     ckpt = trainer.save_checkpoint(Path(out).parent / f"ckpt-{world}-{zero_stage}-{precision}", 1, keep=1)

@@ -5,6 +5,8 @@ so that two releases each alert on their own run. Thresholds come from metrics.a
 {{- $a := .Values.metrics.alerts }}
 {{- $sel := printf "namespace=%q, release=%q" .Release.Namespace .Release.Name }}
 {{- $by := "namespace, release" }}
+{{- /* the learner's startup budget: torchrun waits at the rendezvous for every learner pod, DeepSpeed starts */}}
+{{- $learnerStart := printf "%ds" (mul (int .Values.learner.startupProbe.periodSeconds) (int .Values.learner.startupProbe.failureThreshold)) }}
 {{- /* the replicas the chart deploys: what "live workers below expected" compares with */}}
 {{- $expected := dict "rollout" (int .Values.rollout.replicas) "reward" (int .Values.reward.replicas) }}
 {{- /* a learner job of any shape is one live learner worker: its rank 0 */}}
@@ -95,9 +97,13 @@ groups:
             verifier or the code sandbox failed. The reward pods' logs say why (for code: the sandbox's
             self-check at start).
       - alert: MagicTargetDown
-        {{- /* vLLM is scraped through its rollout worker: magic_vllm_up says whether the worker could read it */}}
+        {{- /* vLLM is scraped through its rollout worker: magic_vllm_up says whether the worker could read it.
+        A learner pod serves /metrics only once torchrun's rendezvous and DeepSpeed have started (up to the
+        startup budget on a multi-node start): its target counts here once it has answered within that
+        budget; one that stays down through the whole budget is MagicLearnerDown. */}}
         expr: >-
-          (up{component=~"controller|rollout|reward|learner|redis", {{ $sel }}} == 0)
+          (up{component=~"controller|rollout|reward|redis", {{ $sel }}} == 0)
+          or (up{component="learner", {{ $sel }}} == 0 and max_over_time(up{component="learner", {{ $sel }}}[{{ $learnerStart }}]) == 1)
           or label_replace(magic_vllm_up{component="rollout", {{ $sel }}} == 0, "component", "vllm", "", "")
         for: {{ $a.targetDown.for }}
         labels:
@@ -109,6 +115,19 @@ groups:
             could not read the {{ "{{" }} $labels.component {{ "}}" }} metrics of {{ "{{" }} $labels.instance {{ "}}" }}
             for {{ $a.targetDown.for }}: the pod is down, restarting, or not admitted by the NetworkPolicy
             (networkPolicy.metricsIngressFrom).
+      - alert: MagicLearnerDown
+        expr: up{component="learner", {{ $sel }}} == 0
+        for: {{ $learnerStart }}
+        labels:
+          severity: critical
+        annotations:
+          summary: The learner target {{ "{{" }} $labels.instance {{ "}}" }} has not answered for the learner's whole startup budget
+          description: >-
+            Release {{ "{{" }} $labels.release {{ "}}" }}: Prometheus could not read the learner metrics of
+            {{ "{{" }} $labels.instance {{ "}}" }} for {{ $learnerStart }} (learner.startupProbe: periodSeconds x
+            failureThreshold): a learner pod that never started (a node that never joined torchrun's rendezvous,
+            an image that cannot be pulled, a model that does not fit: the pod's log says which) or one that
+            has been down that long.
       - alert: MagicLiveWorkersBelowExpected
         {{- $terms := list }}
         {{- range $service := list "rollout" "reward" "learner" }}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -85,6 +85,31 @@ class Backend(abc.ABC):
         """The full weights (tied output embeddings once) on rank 0, None elsewhere. Collective."""
         return modeling.export_state_dict(self.policy)
 
+    def state_dict_buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor] | None]:
+        """The full weights as consecutive buckets of at most `bucket_bytes` (a larger tensor is a
+        bucket of its own), in state-dict order, cast to `dtype`: dicts on rank 0, None on the
+        others. Collective: every rank iterates to the end. Beyond the weights a rank already
+        holds, one bucket exists at a time (ZeRO-3 gathers one bucket's parameters at a time)."""
+        layout = self._state_layout()
+        state = dict(layout)
+        for names in _bucket_names(layout, bucket_bytes, dtype):
+            yield self._gather_bucket(names, state, dtype)
+
+    def published_layout(self, dtype: torch.dtype | None = None) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of what `state_dict_buckets(…, dtype)` yields, in order, without gathering."""
+        out = []
+        for name, t in self._state_layout():
+            shape = tuple(getattr(t, "ds_shape", None) or t.shape)
+            out.append((name, dtype if dtype is not None and t.is_floating_point() else t.dtype, shape))
+        return out
+
+    def _state_layout(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the published state dict, in order (tied output embeddings once)."""
+        return list(self.full_state_dict().items())
+
+    def _gather_bucket(self, names: list[str], state: dict, dtype: torch.dtype | None) -> dict[str, torch.Tensor] | None:
+        return {n: _cast_copy(state[n], dtype) for n in names}
+
     @torch.no_grad()
     def update_ema(self, reference: torch.nn.Module, decay: float) -> None:
         """reference <- decay * reference + (1 - decay) * policy, parameter by parameter, from the
@@ -113,6 +138,21 @@ class Backend(abc.ABC):
 
     def train(self, mode: bool = True) -> None:
         self.policy.train(mode)
+
+    # -- the reference policy pi_ref of kl_reference "initial" (§3.2.6) --------------------------
+
+    reference_is_collective: bool = False
+    """Whether every rank must run `reference_forward` for every micro-batch (ZeRO-3 gathers)."""
+    chunk_size: int = 1024
+
+    def load_reference(self, fallback: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """The run's initial model as pi_ref, in the policy's compute dtype (bf16 halves its
+        memory), no gradients; `fallback` loads it whole in float32."""
+        return fallback().to(next(self.policy.parameters()).dtype).requires_grad_(False)
+
+    def reference_forward(self, ref, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+        """log pi_ref of the micro-batch's tokens."""
+        return modeling.token_logprobs(ref, input_ids, attention_mask, temperature, chunk_size=self.chunk_size)[0]
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -175,6 +215,7 @@ class TorchBackend(Backend):
             policy.to(PRECISION_DTYPES[precision])
             self.master.model_params = [p for n, p in policy.named_parameters() if p.requires_grad]
         prepare_policy(policy, activation_checkpointing)
+        self.chunk_size = chunk_size
         self.module = PolicyForward(policy, chunk_size)
         params = self.master.masters if self.master else [p for _, p in named]
         self.optimizer = torch.optim.AdamW(params, lr=1e-6, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
@@ -225,6 +266,35 @@ class TorchBackend(Backend):
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True))
 
 
+PUBLISH_BUCKET_BYTES = 1 << 30
+"""Bytes of one bucket of published weights (`Backend.state_dict_buckets`): rank 0's working set
+beyond its own share when the weights are gathered for publishing and for checkpoints' HF copy."""
+
+
+def _cast_copy(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    t = t.detach()
+    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+        return t.to(dtype)
+    return t.clone()
+
+
+def _bucket_names(layout: list[tuple[str, object]], bucket_bytes: int, dtype: torch.dtype | None) -> list[list[str]]:
+    """Names of `layout` ((name, tensor or parameter)) grouped in order into buckets of at most
+    `bucket_bytes` in `dtype` (a larger tensor alone)."""
+    buckets: list[list[str]] = [[]]
+    size = 0
+    for name, t in layout:
+        numel = getattr(t, "ds_numel", None) or t.numel()
+        item = (torch.empty((), dtype=dtype).element_size() if dtype is not None and t.is_floating_point() else t.element_size())
+        n = numel * item
+        if buckets[-1] and size + n > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(name)
+        size += n
+    return [b for b in buckets if b]
+
+
 def _to_cpu(obj):
     """A deep copy of a (nested) state dict with every tensor copied to CPU memory."""
     if isinstance(obj, torch.Tensor):
@@ -251,6 +321,41 @@ def init_distributed(device: torch.device, timeout_seconds: float) -> tuple[int,
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
+ZERO_BUCKET_ELEMENTS = 50_000_000
+"""Elements of DeepSpeed's gradient reduce and all-gather buckets (ZeRO-1/2) and of ZeRO-3's
+prefetch bucket: 100 MB in bf16, 200 MB in float32 (DeepSpeed's own defaults are 5e8 for the
+first two: 1-2 GB a rank). `magic.learner.memory` counts them."""
+
+
+def deepspeed_config(zero_stage: int, precision: str, max_grad_norm: float | None, load_universal: bool = False) -> dict:
+    """The DeepSpeed config of the learner (and of `deepspeed.zero.Init`, which must partition like
+    the engine); `max_grad_norm` None: an inference engine (the ZeRO-3 reference policy)."""
+    zero = {"stage": zero_stage, "reduce_bucket_size": ZERO_BUCKET_ELEMENTS, "allgather_bucket_size": ZERO_BUCKET_ELEMENTS}
+    if zero_stage == 3:  # gathered parameters bounded by the bucket: DeepSpeed's defaults keep up to 1e9 elements (2 GB in bf16) alive
+        zero.update(
+            stage3_prefetch_bucket_size=ZERO_BUCKET_ELEMENTS,
+            stage3_max_live_parameters=2 * ZERO_BUCKET_ELEMENTS,
+            stage3_max_reuse_distance=ZERO_BUCKET_ELEMENTS,
+            # the optimizer steps the partition in sub-groups of this many elements: its float32
+            # gradient copy and AdamW's temporaries exist for one sub-group at a time (default 1e9)
+            sub_group_size=2 * ZERO_BUCKET_ELEMENTS,
+        )
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": precision == "bf16"},  # bfloat16 model, float32 master weights in the ZeRO optimizer
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+    if max_grad_norm is not None:
+        config["gradient_clipping"] = max_grad_norm
+    if load_universal:  # the checkpoint to load was written at another shape, converted (checkpoints.to_universal)
+        config["checkpoint"] = {"load_universal": True}
+    return config
+
+
 class DeepSpeedBackend(Backend):
     """DeepSpeed ZeRO (stage 1, 2 or 3) over the ranks of the default process group.
 
@@ -270,28 +375,63 @@ class DeepSpeedBackend(Backend):
         chunk_size: int = 1024,
         precision: str = "fp32",
         activation_checkpointing: bool = False,
+        model_dir: str | Path | None = None,
+        load_universal: bool = False,
     ):
+        """`policy` as `load_policy` builds it (partitioned from construction under ZeRO-3);
+        `model_dir`: the run's initial model, the reference policy of kl_reference "initial"."""
         import deepspeed
 
         super().__init__(policy, device)
         prepare_policy(policy, activation_checkpointing)
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.zero_stage = zero_stage
+        self.precision = precision
+        self.chunk_size = chunk_size
+        self.model_dir = model_dir
         optimizer = torch.optim.AdamW(
             [p for p in policy.parameters() if p.requires_grad], lr=1e-6, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
-        config = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": optim.max_grad_norm,
-            "zero_optimization": {"stage": zero_stage},
-            "zero_allow_untested_optimizer": True,
-            "bf16": {"enabled": precision == "bf16"},  # bfloat16 model, float32 master weights in the ZeRO optimizer
-            "steps_per_print": 2**62,
-            "wall_clock_breakdown": False,
-        }
+        config = deepspeed_config(zero_stage, precision, optim.max_grad_norm, load_universal)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=PolicyForward(policy, chunk_size), optimizer=optimizer, config=config)
         self.max_grad_norm = optim.max_grad_norm
+
+    @classmethod
+    def load_policy(cls, model_dir: str | Path, device: torch.device, zero_stage: int, precision: str) -> torch.nn.Module:
+        """The policy of `model_dir` as this backend trains it, never whole in float32 first
+        (`magic.learner.loading`): ZeRO-3 partitions it from construction and each rank reads its
+        own share of the files; ZeRO-1/2 load the full replica in the training precision."""
+        from magic.learner import loading
+
+        dtype = PRECISION_DTYPES[precision]
+        if zero_stage == 3:
+            return loading.build_partitioned(model_dir, deepspeed_config(3, precision, 1.0), dtype, device)
+        return loading.load_dense(model_dir, device, dtype)
+
+    @property
+    def reference_is_collective(self) -> bool:
+        return self.zero_stage == 3
+
+    def load_reference(self, fallback: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """Under ZeRO-3 the reference is partitioned like the policy (read from `model_dir`, its
+        own share on each rank) and runs in a DeepSpeed engine of its own (no optimizer), which
+        gathers one layer at a time; under ZeRO-1/2 it is a full replica in the compute dtype."""
+        if self.zero_stage < 3:
+            return super().load_reference(fallback)
+        import deepspeed
+
+        if self.model_dir is None:
+            raise RuntimeError("the ZeRO-3 backend needs model_dir to load the reference policy partitioned")
+        ref = self.load_policy(self.model_dir, self.device, 3, self.precision).requires_grad_(False)
+        config = deepspeed_config(3, self.precision, None)
+        engine, *_ = deepspeed.initialize(model=PolicyForward(ref, self.chunk_size), config=config)
+        engine.eval()
+        return engine
+
+    def reference_forward(self, ref, input_ids, attention_mask, temperature):
+        if self.zero_stage < 3:
+            return super().reference_forward(ref, input_ids, attention_mask, temperature)
+        return ref(input_ids, attention_mask, temperature)[0]
 
     def forward(self, input_ids, attention_mask, temperature):
         return self.engine(input_ids, attention_mask, temperature)
@@ -326,6 +466,25 @@ class DeepSpeedBackend(Backend):
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
+
+    def _state_layout(self):
+        if self.zero_stage < 3:
+            return list(modeling.export_state_dict(self.policy).items())
+        state = dict(self.policy.state_dict(keep_vars=True))  # ZeRO-3: the partitioned parameters themselves
+        if getattr(self.policy.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        return list(state.items())
+
+    def _gather_bucket(self, names, state, dtype):
+        if self.zero_stage < 3:
+            return super()._gather_bucket(names, state, dtype) if self.rank == 0 else None
+        import deepspeed
+
+        params = [state[n] for n in names if hasattr(state[n], "ds_id")]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            if self.rank != 0:
+                return None
+            return {n: _cast_copy(state[n], dtype) for n in names}
 
     def full_state_dict(self):
         if self.zero_stage < 3:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -69,6 +70,22 @@ def copy_model_assets(src: str | Path | None, dst: Path) -> list[str]:
     return copied
 
 
+def write_weights(backend, directory: Path) -> None:
+    """The policy's full weights into `directory/model.safetensors` (rank 0 writes; collective: the
+    other ranks take part in gathering each bucket), one bucket at a time (`write_safetensors`)."""
+    from magic.learner.backends import PUBLISH_BUCKET_BYTES
+    from magic.weights.base import StateBuckets
+    from magic.weights.filesystem import write_safetensors
+
+    layout = backend.published_layout(None)
+    buckets = backend.state_dict_buckets(PUBLISH_BUCKET_BYTES, None)
+    if backend.rank == 0:
+        write_safetensors(directory / "model.safetensors", StateBuckets(layout, buckets), metadata={"format": "pt"})
+    else:
+        for _ in buckets:
+            pass
+
+
 class CheckpointWriter:
     """Writes checkpoints of a backend's policy and optimizer, off the critical path where the
     backend allows it: the torch backend copies weights and optimizer state to CPU memory (the
@@ -95,12 +112,14 @@ class CheckpointWriter:
             tmp = root / f".{final.name}.e{epoch}.partial-{uuid.uuid4().hex[:8]}"
             tmp.mkdir(parents=True)
         tmp = Path(backend.broadcast_object(str(tmp) if tmp else None))  # the directory exists before anyone writes
-        state = backend.full_state_dict()
         write_optimizer = backend.capture_optimizer()
+        state = None
         if write_optimizer is None:  # collective: every rank writes its part now
+            write_weights(backend, tmp)  # rank 0 streams the HF weights bucket by bucket (ZeRO-3 gathers one at a time)
             backend.save(tmp)
+        else:  # one process: its weights, copied to CPU memory for the writer thread
+            state = {k: v.detach().to("cpu", copy=True) for k, v in backend.full_state_dict().items()}
         if rank0:
-            state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
             args = (backend.policy, state, write_optimizer, trainer_state, assets_from, tmp, final, keep, ema, fence, epoch)
             if background and write_optimizer is not None:
                 self._writer = threading.Thread(target=_write_checkpoint, args=args, name=f"checkpoint-{step}")
@@ -124,7 +143,12 @@ def _write_checkpoint(
     """Rank 0's files of a checkpoint into `tmp`, the manifest last; then, if the fence holds and no
     intact checkpoint of the step is there, renamed to `final`; then the oldest beyond `keep` go."""
     try:
-        policy.save_pretrained(tmp, state_dict=state, safe_serialization=True)  # config + generation_config + weights
+        if state is not None:
+            policy.save_pretrained(tmp, state_dict=state, safe_serialization=True)  # config + generation_config + weights
+        else:  # the weights are written (`write_weights`): the rest of what save_pretrained writes
+            policy.config.save_pretrained(tmp)
+            if getattr(policy, "generation_config", None) is not None:
+                policy.generation_config.save_pretrained(tmp)
         copy_model_assets(assets_from, tmp)
         if write_optimizer is not None:
             write_optimizer(tmp)
@@ -274,3 +298,134 @@ def read_ema_reference(directory: Path) -> dict | None:
     """The EMA reference policy's weights of the checkpoint, or None if it has none."""
     path = directory / EMA_REFERENCE_FILE
     return load_file(str(path)) if path.exists() else None
+
+
+# -- resuming at another shape ------------------------------------------------------------------
+
+
+class ResumeShapeError(RuntimeError):
+    """A checkpoint this learner cannot resume at its shape (the run fails with what to do)."""
+
+
+def shape_of(backend) -> dict:
+    """What a checkpoint records of the learner that wrote it (trainer_state.json's "shape")."""
+    return {
+        "backend": "deepspeed" if hasattr(backend, "engine") else "torch",
+        "world_size": backend.world_size,
+        "zero_stage": getattr(backend, "zero_stage", None),
+        "precision": getattr(backend, "precision", None),
+    }
+
+
+def saved_shape(directory: Path) -> dict:
+    """The shape that wrote checkpoint `directory`: recorded in trainer_state.json, or (checkpoints
+    written before it was) read from its files: DeepSpeed's per-rank optimizer files, or optimizer.pt."""
+    state = json.loads((directory / TRAINER_STATE_FILE).read_text())
+    if isinstance(state.get("shape"), dict):
+        return state["shape"]
+    ds = directory / "deepspeed"
+    if ds.is_dir():
+        ranks = len(list(ds.glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+        return {"backend": "deepspeed", "world_size": ranks, "zero_stage": None, "precision": None}
+    return {"backend": "torch", "world_size": 1, "zero_stage": None, "precision": None}
+
+
+def resume_mode(saved: dict, now: dict) -> str:
+    """"same": load the checkpoint as written; "universal": DeepSpeed written at another world
+    size, ZeRO stage or precision, loaded through DeepSpeed's universal checkpoint format (each
+    parameter's float32 master and AdamW moments whole, re-partitioned for the new shape). Raises
+    ResumeShapeError for a change of backend (torch <-> DeepSpeed), saying what to do."""
+    if saved["backend"] != now["backend"]:
+        raise ResumeShapeError(
+            f"the checkpoint was written by the {saved['backend']} backend ({saved['world_size']} rank(s)) and this learner runs "
+            f"the {now['backend']} backend ({now['world_size']} rank(s)): their optimizer states do not convert. Resume with "
+            f"{'MAGIC_BACKEND=torch on one rank (learner.gpus 1, nodes 1)' if saved['backend'] == 'torch' else 'MAGIC_BACKEND=deepspeed (learner.gpus > 1 or nodes > 1)'}, "
+            "or start a new run from the checkpoint's weights (its model.safetensors loads as a model)"
+        )
+    if now["backend"] == "torch":
+        return "same"
+    changed = [k for k in ("world_size", "zero_stage", "precision") if saved.get(k) is not None and saved[k] != now[k]]
+    return "universal" if changed else "same"
+
+
+UNIVERSAL_COMPLETE = "UNIVERSAL_COMPLETE"
+
+
+def _complete_optimizer_state(zero: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """What each ZeRO stage's universal loader reads and the other stage's conversion leaves out:
+    from ZeRO-1/2, `optimizer_state_dict` (AdamW's step and hyperparameters) for ZeRO-3; from
+    ZeRO-3, the DeepSpeed version, each parameter's `step.pt`, and its states as {"param": tensor
+    of the parameter's shape} (`shapes`: the checkpoint's weights, by name) for ZeRO-1/2."""
+    import deepspeed
+    import torch
+
+    path = zero / "optimizer_state.pt"
+    sd = torch.load(path, weights_only=False)
+    params = [d for d in zero.iterdir() if d.is_dir()]
+    steps = sorted(zero.glob("*/step.pt"))
+    changed = False
+    if "optimizer_state_dict" not in sd and steps and "param_groups" in sd:
+        step = torch.load(steps[0], weights_only=False)
+        sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": [dict(g) for g in sd["param_groups"]]}
+        changed = True
+    if "optimizer_state_dict" in sd and not steps:
+        step = sd["optimizer_state_dict"]["state"][0]["step"]
+        for d in params:
+            torch.save(torch.as_tensor(step, dtype=torch.float32).clone(), d / "step.pt")
+    if not sd.get("ds_version"):
+        sd["ds_version"] = deepspeed.__version__
+        changed = True
+    if "param_groups" not in sd and "optimizer_state_dict" in sd:
+        sd["param_groups"] = sd["optimizer_state_dict"]["param_groups"]
+        changed = True
+    if changed:
+        torch.save(sd, path)
+    for d in params:
+        shape = shapes.get(d.name.split(".", 1)[1] if "." in d.name else d.name)
+        for key in ("fp32", "exp_avg", "exp_avg_sq"):
+            f = d / f"{key}.pt"
+            if not f.is_file():
+                continue
+            t = torch.load(f, weights_only=False)
+            if isinstance(t, torch.Tensor):
+                if shape is None or t.numel() != math.prod(shape):
+                    raise ValueError(f"universal checkpoint: {d.name}/{key}.pt has {t.numel()} elements, the weights make it {shape}")
+                torch.save({"param": t.reshape(shape)}, f)
+
+
+def to_universal(directory: Path, out: Path) -> Path:
+    """DeepSpeed's universal checkpoint of checkpoint `directory` under `out` (converted once:
+    `out` is reused while its marker is there; other conversions beside it are removed). Run on
+    one process (rank 0)."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    if (out / UNIVERSAL_COMPLETE).is_file() and json.loads((out / UNIVERSAL_COMPLETE).read_text()).get("source") == str(directory.resolve()):
+        return out
+    for old in out.parent.glob("*") if out.parent.is_dir() else []:
+        if old != out:
+            shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    args = argparse.Namespace(
+        input_folder=str(directory / "deepspeed"), output_folder=str(out / "deepspeed"), num_extract_workers=1, num_merge_workers=1,
+        keep_temp_folder=False, strict=True, inject_missing_state=True,
+    )
+    ds_to_universal.main(args)
+    from magic.learner.loading import SafetensorsFile
+
+    weights = SafetensorsFile(directory / "model.safetensors")
+    _complete_optimizer_state(out / "deepspeed" / "zero", {k: weights.shape(k) for k in weights.keys()})
+    # The engine reads the run's metadata (steps, client state) from the model-states file, named
+    # after the ZeRO stage that loads it: give both names, so ZeRO-1/2 <-> ZeRO-3 resumes.
+    folder = out / "deepspeed"
+    names = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    present = [n for n in names if (folder / n).is_file()]
+    for n in names:
+        if present and not (folder / n).exists():
+            shutil.copy2(folder / present[0], folder / n)
+    write_durably(out / UNIVERSAL_COMPLETE, json.dumps({"source": str(directory.resolve())}))
+    log.info("converted checkpoint %s to DeepSpeed's universal format in %.1f s (%s)", directory, time.perf_counter() - t0, out)
+    return out

@@ -52,11 +52,24 @@ class LearnerSettings(ServiceSettings):
     """/livez fails once the learner's loop has not come round for this long. One turn of it is a
     whole training step plus the weight publication, minutes at 7B (docs/scale.md), so the default
     is an hour; lower it to your step time × 2 to catch a hung broadcast sooner."""
-    dist_timeout_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
-    """Timeout of collective operations between learner ranks (followers wait for rank 0 between runs)."""
+    collective_timeout_seconds: float = Field(default=1800.0, ge=60)
+    """Timeout of one collective operation between learner ranks: a rank whose peer died (or hangs)
+    fails after this long and the job restarts. Within a command the ranks wait for each other at
+    most one step's share of work — the slowest rank's micro-batches, rank 0 writing a checkpoint's
+    files — ≈ 800 s for a 7B step on 8 H100s (docs/scale.md); the default is that plus ten minutes.
+    Waiting for rank 0's next command (between steps, between runs) is not a collective: the
+    followers poll the launcher's store for it (`worker.COMMAND_KEY`), so it is not bounded."""
     rank: int = Field(default=0, ge=0, validation_alias="RANK")
     """This process's rank among the learner processes (env RANK, set by the launcher: deepspeed, torchrun)."""
     world_size: int = Field(default=1, ge=1, validation_alias="WORLD_SIZE")
     """Learner processes in all (env WORLD_SIZE, set by the launcher)."""
+    local_world_size: int = Field(default=1, ge=1, validation_alias="LOCAL_WORLD_SIZE")
+    """Learner processes on this node (env LOCAL_WORLD_SIZE, set by the launcher): the memory plan's ranks per host."""
+    max_prompt_tokens: int = Field(default=2048, ge=1)
+    """The longest prompt (tokens) the memory plan assumes: a stage's longest sequence is this + T
+    (`magic.learner.memory`, checked when a run attaches and when a stage starts)."""
+    check_memory: bool = True
+    """Refuse a run or stage whose memory plan does not fit this learner's GPUs (or its container's
+    memory limit on CPU) before loading anything (`magic memory` prints the same plan)."""
     local_rank: int = Field(default=0, ge=0, validation_alias="LOCAL_RANK")
     """This process's rank on its node: its GPU index (env LOCAL_RANK, set by the launcher)."""

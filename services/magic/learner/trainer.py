@@ -87,8 +87,8 @@ class Trainer:
                 self.ema_reference = self._load_initial()
                 self.backend.update_ema(self.ema_reference, decay=0.0)  # starts at the current policy
             return self.ema_reference
-        if self.reference is None:  # in the policy's compute dtype (bf16 halves its memory)
-            self.reference = self._load_initial().to(next(self.backend.policy.parameters()).dtype)
+        if self.reference is None:  # in the policy's compute dtype, partitioned under ZeRO-3
+            self.reference = self.backend.load_reference(self._load_initial)
         return self.reference
 
     def _load_initial(self) -> torch.nn.Module:
@@ -114,9 +114,10 @@ class Trainer:
             ent[2] = torch.maximum(ent[2], d.abs().max().double())
             if old and mb:
                 scatter_response(mb, logp, "old_logp")
-            if ref is not None and mb:
-                rlogp, _ = modeling.token_logprobs(ref, t["input_ids"], t["attention_mask"], stage.temperature, chunk_size=self.chunk_size)
-                scatter_response(mb, rlogp, "ref_logp")
+            if ref is not None and (mb or self.backend.reference_is_collective):
+                rlogp = self.backend.reference_forward(ref, t["input_ids"], t["attention_mask"], stage.temperature)
+                if mb:
+                    scatter_response(mb, rlogp, "ref_logp")
         mx = self.backend.all_reduce_max(ent[2:3])
         sums = self.backend.all_reduce_sum(ent[:2])
         return sums[0].item(), {"kl_rollout": sums[1].item(), "rollout_logprob_diff_max": mx.item()}
@@ -227,7 +228,7 @@ class Trainer:
         policy, optimizer, entropy controller and EMA reference, renamed into place only while
         `fence` (rank 0's) passes; see `checkpoints.CheckpointWriter`."""
         rank0 = self.backend.rank == 0
-        trainer_state = {"step": step, "entropy_controller": self.controller.state_dict()} if rank0 else {}
+        trainer_state = {"step": step, "entropy_controller": self.controller.state_dict(), "shape": checkpoints.shape_of(self.backend)} if rank0 else {}
         ema = None
         if rank0 and self.ema_reference is not None:
             ema = {k: v.detach().to("cpu", copy=True) for k, v in modeling.export_state_dict(self.ema_reference).items()}
@@ -237,10 +238,11 @@ class Trainer:
         """Block until the checkpoint being written in the background (if any) is complete."""
         self.checkpoint_writer.wait()
 
-    def load_checkpoint(self, directory: Path) -> int:
-        """Optimizer and controller state of a checkpoint (the weights are loaded with the model).
-        Returns its step."""
-        self.backend.load(directory)
+    def load_checkpoint(self, directory: Path, optimizer_from: Path | None = None) -> int:
+        """Optimizer and controller state of a checkpoint (the weights are loaded with the model);
+        `optimizer_from`: where the optimizer state is read instead (its universal conversion,
+        when it was written at another shape). Returns its step."""
+        self.backend.load(optimizer_from or directory)
         ema = checkpoints.read_ema_reference(directory)
         if ema is not None:
             self.ema_reference = self._load_initial()

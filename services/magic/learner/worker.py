@@ -39,7 +39,7 @@ import torch
 from magic import modeling
 from magic.prompts import load_tokenizer
 from magic.config.schema import RunSpec, StageConfig
-from magic.learner import backends
+from magic.learner import backends, checkpoints
 from magic.learner.checkpoints import latest_checkpoint
 from magic.learner.ledger import StepLedger
 from magic.learner.settings import LearnerSettings
@@ -57,11 +57,16 @@ from magic.store.lease import LEARNER, LeaseLost, RedisLostData, RunEnded
 from magic.store.steps import StepRecord
 from magic.store.streams import Entry
 from magic.weights import WeightIntegrityError, make_sender
+from magic.weights.base import StateBuckets
 
 log = logging.getLogger(__name__)
 
 SERVICE = "learner"
 GROUP = keys.LEARNER_GROUP
+
+
+class MemoryPlanError(RuntimeError):
+    """A stage whose memory plan does not fit the learner's GPUs: the run fails with the plan's reason."""
 
 
 def run_dir(settings: LearnerSettings, run_id: str) -> Path:
@@ -79,16 +84,22 @@ def _device(settings: LearnerSettings) -> torch.device:
     return device
 
 
-def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str) -> Trainer:
+def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str, load_universal: bool = False) -> Trainer:
     """The policy from `model_dir` (HF format) on this rank's backend; the reference policy (the
     run's initial model) is loaded at the first step whose stage sets kl_coef > 0."""
+    from magic.learner.loading import check_files
+
     device = _device(settings)
+    check_files(model_dir)  # weights that do not match config.json: one clear error before anything is loaded
     tokenizer = load_tokenizer(spec.model)
-    model = modeling.load_model(model_dir, device)  # float32: the master weights of bf16 training come from it
     precision = dict(precision=settings.precision, activation_checkpointing=settings.activation_checkpointing)
-    if settings.backend == "deepspeed":
-        backend: backends.Backend = backends.DeepSpeedBackend(model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size, **precision)
+    if settings.backend == "deepspeed":  # never whole in float32 on a rank: partitioned (ZeRO-3) or in the training precision
+        model = backends.DeepSpeedBackend.load_policy(model_dir, device, settings.zero_stage, settings.precision)
+        backend: backends.Backend = backends.DeepSpeedBackend(
+            model, spec.optim, device, settings.zero_stage, settings.logprob_chunk_size, **precision, model_dir=spec.model, load_universal=load_universal
+        )
     else:
+        model = modeling.load_model(model_dir, device)  # float32: the master weights of bf16 training come from it
         backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size, **precision)
 
     def load_reference() -> torch.nn.Module:
@@ -105,9 +116,44 @@ def publish_dtype(settings: LearnerSettings) -> torch.dtype:
     return getattr(torch, settings.publish_dtype)
 
 
+COMMAND_KEY = "magic/learner/command/{}"
+"""Key of the distributed store that rank 0 sets before broadcasting its n-th command. Followers
+wait for it on the store, in short polls, as long as rank 0 takes (a rollout phase, no active run):
+idle waiting is never a collective, so the collectives' timeout (`collective_timeout_seconds`) can
+be minutes and a rank stuck with a dead peer is found in minutes."""
+
+_commands_sent = 0
+
+
 def _broadcast(command: tuple) -> None:
+    global _commands_sent
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        _commands_sent += 1
+        torch.distributed.distributed_c10d._get_default_store().set(COMMAND_KEY.format(_commands_sent), command[0])
         torch.distributed.broadcast_object_list([command], src=0)
+
+
+def _store_wait(key: str, poll_seconds: float = 30.0) -> None:
+    """Wait, as long as it takes, for rank 0 to set `key` on the launcher's store (short polls: never
+    bounded by the collectives' timeout). Raises if the store itself fails (rank 0's launcher gone)."""
+    import datetime
+
+    store = torch.distributed.distributed_c10d._get_default_store()
+    while True:
+        try:
+            store.wait([key], datetime.timedelta(seconds=poll_seconds))
+            return
+        except torch.distributed.DistStoreError as exc:  # not yet: rank 0 is busy elsewhere, or idle
+            if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                raise
+
+
+def _next_command(received: int, poll_seconds: float = 30.0) -> tuple:
+    """A follower's wait for rank 0's command number `received + 1`, then the command (a broadcast)."""
+    _store_wait(COMMAND_KEY.format(received + 1), poll_seconds)
+    box = [None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class LearnerWorker(Worker):
@@ -156,6 +202,9 @@ class LearnerWorker(Worker):
                 f"run {self.run_id}: Redis holds step {self.step - 1} as the learner's last committed step but v{announced} as the newest announced "
                 "weights: it lost writes (restarted from an older state)"
             )
+        self._planned: set[str] = set()
+        for stage in self.spec.stages:  # before anything is loaded: a shape that cannot fit is refused now
+            self.check_stage(stage)
         model_dir, ckpt = self._resume_source()
         self._optimizer_reset = self.version > 0 and ckpt is None
         """Resumed without the optimizer state of the step it resumes (no intact checkpoint of it):
@@ -167,6 +216,22 @@ class LearnerWorker(Worker):
             self.trainer.controller.step = self.step
         if announced is None:  # v0: announced once, never rewritten by a restarted learner
             self.publish()
+
+    def check_stage(self, stage: StageConfig) -> None:
+        """The memory plan of `stage` on this learner's shape (`magic.learner.memory`): raise
+        MemoryPlanError, which fails the run with the plan's reason and the knob to turn, before
+        any weight of a stage that cannot fit is loaded or trained. Each stage is checked once."""
+        if not self.settings.check_memory or stage.name in self._planned:
+            return
+        from magic.learner import memory
+
+        model = memory.ModelShape.from_path(self.spec.model)
+        device = _device(self.settings)
+        device_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        problems = memory.stage_problems(model, stage, self.settings, device_bytes, memory.host_memory_limit())
+        if problems:
+            raise MemoryPlanError(f"run {self.run_id}: the learner's memory plan does not fit: " + " | ".join(problems) + " (magic memory prints the plan)")
+        self._planned.add(stage.name)
 
     def _announced(self) -> tuple[str, pb.WeightUpdate] | None:
         """The announcement of the highest version of this run on `weights` (poison, stale epochs and
@@ -305,8 +370,9 @@ class LearnerWorker(Worker):
         then commit it (`magic.store.steps`)."""
         k = record.step
         batch_complete_at = time.time()
-        groups, entry_ids = self.ledger.pop(k)
         stage = record.stage_config
+        self.check_stage(stage)  # a stage appended after the run attached: its plan, before training it
+        groups, entry_ids = self.ledger.pop(k)
         faults.point(self.armed, "learner.collected", k)
         t0 = time.perf_counter()
         _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
@@ -344,11 +410,15 @@ class LearnerWorker(Worker):
         )
 
     def publish(self) -> pb.WeightUpdate:
-        """Hand the full state dict to the weight transport (it announces the version on `weights`).
-        With several ranks the weights are gathered first (ZeRO-3 partitions them)."""
+        """Hand the weights to the weight transport (it announces the version on `weights`) bucket
+        by bucket: the transport writes or sends each bucket while the ranks gather the next one
+        (ZeRO-3 partitions them), so rank 0 holds one bucket beyond its share
+        (`backends.PUBLISH_BUCKET_BYTES`)."""
         _broadcast(("publish",))
-        state = modeling.cast_state_dict(self.trainer.backend.full_state_dict(), publish_dtype(self.settings))
-        return self.weight_sender.publish(self.version, state)
+        dtype = publish_dtype(self.settings)
+        layout = self.trainer.backend.published_layout(dtype)
+        buckets = self.trainer.backend.state_dict_buckets(backends.PUBLISH_BUCKET_BYTES, dtype)
+        return self.weight_sender.publish(self.version, StateBuckets(layout, buckets))
 
     def close(self) -> None:
         try:
@@ -361,10 +431,38 @@ class LearnerWorker(Worker):
 
 
 def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str | Path | None) -> Trainer:
-    trainer = build_trainer(settings, spec, model_dir)
+    """Every rank: the trainer of the run, resumed from checkpoint `ckpt` if given — at the shape
+    that wrote it, or at another (world size, ZeRO stage, precision) through DeepSpeed's universal
+    format, converted once by rank 0 (`checkpoints.to_universal`); a change of backend is refused
+    (`checkpoints.ResumeShapeError`, saying what to do)."""
+    universal = None
     if ckpt is not None:
-        trainer.load_checkpoint(Path(ckpt))
+        ckpt = Path(ckpt)
+        now = {"backend": settings.backend, "world_size": settings.world_size, "zero_stage": settings.zero_stage if settings.backend == "deepspeed" else None,
+               "precision": settings.precision}
+        saved = checkpoints.saved_shape(ckpt)
+        if checkpoints.resume_mode(saved, now) == "universal":
+            out = ckpt.parent.parent / "universal" / ckpt.name
+            if settings.rank == 0:
+                log.warning("checkpoint %s was written at %s; this learner is %s: converting it to DeepSpeed's universal format", ckpt.name, saved, now)
+                checkpoints.to_universal(ckpt, out)
+            _wait_for_rank0(f"magic/learner/universal/{ckpt.resolve()}")
+            universal = out
+    trainer = build_trainer(settings, spec, model_dir, load_universal=universal is not None)
+    if ckpt is not None:
+        trainer.load_checkpoint(ckpt, optimizer_from=universal)
     return trainer
+
+
+def _wait_for_rank0(key: str) -> None:
+    """Rank 0 sets `key` once it is done with something long (a checkpoint conversion); the other
+    ranks wait for it on the store, not in a collective."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return
+    if torch.distributed.get_rank() == 0:
+        torch.distributed.distributed_c10d._get_default_store().set(key, "done")
+    else:
+        _store_wait(key)
 
 
 def follow(settings: LearnerSettings) -> int:
@@ -377,11 +475,11 @@ def follow(settings: LearnerSettings) -> int:
     if settings.local_rank == 0 and settings.metrics_port is not None:
         serve_http(settings.metrics_port, lambda: True, registry=registry_of(SERVICE), stalled=watch.stalled)
     trainer: Trainer | None = None
+    received = 0
     while True:
-        box = [None]
         with watch.allowing(float("inf"), "waiting for rank 0's next command"):
-            torch.distributed.broadcast_object_list(box, src=0)
-        cmd, *args = box[0]
+            cmd, *args = _next_command(received)
+        received += 1
         if cmd == "attach":
             _, spec_json, model_dir, ckpt = args
             trainer = _attach(settings, RunSpec.model_validate_json(spec_json), model_dir, ckpt)
@@ -390,7 +488,8 @@ def follow(settings: LearnerSettings) -> int:
             groups = [pb.ScoredGroup.FromString(b) for b in raw]
             trainer.train_step(groups, version=version, stage=StageConfig.model_validate_json(stage_json))
         elif cmd == "publish":
-            trainer.backend.full_state_dict()
+            for _ in trainer.backend.state_dict_buckets(backends.PUBLISH_BUCKET_BYTES, publish_dtype(settings)):
+                pass  # rank 0's transport consumes each bucket as the ranks gather it
         elif cmd == "checkpoint":
             root, step, keep = args
             trainer.save_checkpoint(Path(root), step, keep)
@@ -408,7 +507,7 @@ def run(settings: LearnerSettings | None = None) -> int:
     settings = settings or LearnerSettings()
     rank, world = settings.rank, settings.world_size
     if settings.backend == "deepspeed":
-        rank, world = backends.init_distributed(_device(settings), settings.dist_timeout_seconds)
+        rank, world = backends.init_distributed(_device(settings), settings.collective_timeout_seconds)
     elif world > 1:
         raise RuntimeError(f"WORLD_SIZE={world} needs MAGIC_BACKEND=deepspeed; the torch backend runs on one process")
     if rank > 0:

@@ -20,7 +20,7 @@ class Exit(enum.IntEnum):
 
 EXIT_MEANING = {
     Exit.ok: "success",
-    Exit.failed: "the run failed (magic status), a service died (magic local), or the controller had a server error",
+    Exit.failed: "the run failed (magic status), a service died (magic local), the controller had a server error, or the learner's shape does not fit (magic memory)",
     Exit.usage: "bad flags or file, or a request the controller rejected as invalid (HTTP 400, 422)",
     Exit.auth: "the controller refused the token, or none was sent (HTTP 401, 403)",
     Exit.not_found: "no such run or dataset (HTTP 404)",

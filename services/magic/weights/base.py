@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Union
 
 import torch
 
@@ -24,6 +25,41 @@ class Checkpoint:
     directory: Path
 
 
+@dataclass
+class StateBuckets:
+    """Published weights that arrive bucket by bucket: the learner gathers one bucket of its
+    (ZeRO-3-partitioned) parameters at a time while the sender writes or sends it, so rank 0
+    never holds the whole model (`Backend.state_dict_buckets`). `layout` (name, dtype, shape)
+    is known before any bucket; the buckets come in its order and may be iterated once."""
+
+    layout: list[tuple[str, torch.dtype, tuple[int, ...]]]
+    buckets: Iterable[Mapping[str, torch.Tensor]]
+
+    @classmethod
+    def of(cls, state: "WeightState") -> "StateBuckets":
+        """`state` as buckets (a whole state dict: one bucket)."""
+        if isinstance(state, StateBuckets):
+            return state
+        return cls([(k, v.dtype, tuple(v.shape)) for k, v in state.items()], [state])
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) in layout order, checked against the layout."""
+        expected = iter(self.layout)
+        for bucket in self.buckets:
+            for name, tensor in bucket.items():
+                want = next(expected, None)
+                if want is None or want[0] != name or want[1] != tensor.dtype or want[2] != tuple(tensor.shape):
+                    raise ValueError(f"published weights: got {name} {tensor.dtype} {tuple(tensor.shape)}, the layout expects {want}")
+                yield name, tensor
+        missing = [n for n, _, _ in expected]
+        if missing:
+            raise ValueError(f"published weights: the buckets ended before {missing[:3]}")
+
+
+WeightState = Union[Mapping[str, torch.Tensor], StateBuckets]
+"""What `WeightSender.publish` takes: a whole state dict, or the weights bucket by bucket."""
+
+
 class CheckpointLoader(Protocol):
     """What a receiver needs from an engine (every `RolloutEngine` has it)."""
 
@@ -35,8 +71,9 @@ class WeightSender(abc.ABC):
     """Learner side: make version k reachable by every rollout worker, then announce it."""
 
     @abc.abstractmethod
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> pb.WeightUpdate:
-        """Send `state_dict` as policy version `version`; returns the announcement (already on `weights`)."""
+    def publish(self, version: int, state_dict: WeightState) -> pb.WeightUpdate:
+        """Send `state_dict` (a state dict, or `StateBuckets`) as policy version `version`; returns
+        the announcement (already on `weights`)."""
 
     @abc.abstractmethod
     def load_version(self, version: int) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ import torch
 from magic.protocol.pb import messages_pb2 as pb
 from magic.runtime.files import fsync_path, sha256_hex, write_durably
 from magic.store.streams import Stream
-from magic.weights.base import Checkpoint, CheckpointLoader, WeightIntegrityError, WeightReceiver, WeightSender
+from magic.weights.base import Checkpoint, CheckpointLoader, StateBuckets, WeightIntegrityError, WeightReceiver, WeightSender, WeightState
 from magic.weights.config import FilesystemTransportConfig
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,40 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MARKER = "COMPLETE"
 TRANSPORT = "filesystem"
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def write_safetensors(path: Path, state: WeightState, metadata: dict[str, str]) -> None:
+    """`state` into one safetensors file, streamed bucket by bucket: the header (every tensor's
+    dtype, shape and offsets) is known from the layout before the first bucket arrives, so no
+    more than one bucket is ever in memory here. The file is what `safetensors.torch.save_file`
+    writes for the same tensors, up to their order in it."""
+    buckets = StateBuckets.of(state)
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name, dtype, shape in buckets.layout:
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} has no safetensors name")
+        size = torch.empty((), dtype=dtype).element_size()
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for _name, tensor in buckets.items():
+            t = tensor.detach().to("cpu").contiguous().reshape(-1)
+            f.write(memoryview(t.view(torch.uint8).numpy()))
+        if f.tell() != 8 + len(raw) + offset:
+            raise ValueError(f"{path}: wrote {f.tell()} bytes, the header promises {8 + len(raw) + offset}")
 
 
 def sha256_file(path: Path) -> str:
@@ -76,17 +110,19 @@ class FilesystemWeightStore:
                     best[version] = (epoch, d)
         return {v: d for v, (_, d) in best.items()}
 
-    def write(self, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> tuple[Path, str, int]:
-        """Write version `version` atomically; returns (directory, checksum, size of the weights file)."""
-        from safetensors.torch import save_file
-
+    def write(self, version: int, state_dict: WeightState, config_json: str) -> tuple[Path, str, int]:
+        """Write version `version` atomically (a state dict, or `StateBuckets` streamed bucket by
+        bucket); returns (directory, checksum, size of the weights file)."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.version_dir(version)
         tmp = self.root / f".{final.name}.partial-{uuid.uuid4().hex}"
         tmp.mkdir()
         weights = tmp / WEIGHTS_FILE
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        save_file(tensors, str(weights), metadata={"format": "pt", "magic_version": str(version)})
+        try:
+            write_safetensors(weights, state_dict, metadata={"format": "pt", "magic_version": str(version)})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         fsync_path(weights)
         (tmp / CONFIG_FILE).write_text(config_json)
         fsync_path(tmp / CONFIG_FILE)
@@ -98,7 +134,7 @@ class FilesystemWeightStore:
         write_durably(final / MARKER, json.dumps({"version": version, "checksum": checksum, "num_bytes": size, "files": files}))
         return final, checksum, size
 
-    def publish(self, run_id: str, version: int, state_dict: dict[str, torch.Tensor], config_json: str) -> pb.WeightUpdate:
+    def publish(self, run_id: str, version: int, state_dict: WeightState, config_json: str) -> pb.WeightUpdate:
         """Write version `version` and return the WeightUpdate that announces it."""
         final, checksum, size = self.write(version, state_dict, config_json)
         return pb.WeightUpdate(
@@ -178,7 +214,7 @@ class FilesystemSender(WeightSender):
         self.config_json = config_json
         self.keep = keep
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> pb.WeightUpdate:
+    def publish(self, version: int, state_dict: WeightState) -> pb.WeightUpdate:
         update = self.store.publish(self.run_id, version, state_dict, self.config_json)
         self.stream.add(update)
         self.store.gc(keep=self.keep)

@@ -95,7 +95,8 @@ class HttpSender(WeightSender):
         self.server = WeightServer(store, config.host, config.port)
         self.base_url = (config.advertise_url or f"http://{socket.gethostname()}:{self.server.port}").rstrip("/")
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> pb.WeightUpdate:
+    def publish(self, version: int, state_dict) -> pb.WeightUpdate:
+        """`state_dict`: a state dict or `StateBuckets` (written to the served store bucket by bucket)."""
         directory, checksum, size = self.store.write(version, state_dict, self.config_json)
         update = pb.WeightUpdate(
             run_id=self.run_id,

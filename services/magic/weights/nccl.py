@@ -38,7 +38,7 @@ import torch
 
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.channels import RunChannels
-from magic.weights.base import CheckpointLoader, WeightReceiver, WeightSender
+from magic.weights.base import CheckpointLoader, StateBuckets, WeightReceiver, WeightSender
 from magic.weights.config import FilesystemTransportConfig, NcclTransportConfig
 from magic.weights.filesystem import FilesystemReceiver, FilesystemWeightStore
 
@@ -151,29 +151,41 @@ class NcclSender(WeightSender):
         self.source = None
         self._snapshot: threading.Thread | None = None
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> pb.WeightUpdate:
+    def publish(self, version: int, state_dict) -> pb.WeightUpdate:
+        """`state_dict`: a state dict or `StateBuckets`; each tensor is moved to this GPU in the wire
+        dtype as vLLM's engine sends it, so the GPU holds one tensor of the wire copy at a time
+        (and the learner one gathered bucket); the snapshot's host copy is the whole model."""
         if self._snapshot is not None:
             self._snapshot.join()  # one snapshot at a time, in version order
+        buckets = StateBuckets.of(state_dict)
         members = live_members(self.channels)
         snapshot_uri = str(self.store.version_dir(version).resolve()) if self.config.snapshot or not members else ""
         if not members:  # nobody to broadcast to (all pods are catching up): the snapshot is the version
-            self.store.write(version, state_dict, self.config_json)
+            self.store.write(version, buckets, self.config_json)
             update = pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time(), epoch=self.store.epoch)
             self.stream.add(update)
             return update
-        wire = {k: v.detach().to("cuda", getattr(torch, self.config.dtype)) for k, v in state_dict.items()}
+        dtype = getattr(torch, self.config.dtype)
+        layout = [(name, dtype if d.is_floating_point else d, shape) for name, d, shape in buckets.layout]
+        cpu: dict[str, torch.Tensor] | None = {} if self.config.snapshot else None
+
+        def wire():  # one pass, driven by vLLM's send_weights
+            for name, t in buckets.items():
+                if cpu is not None:
+                    cpu[name] = t.detach().to("cpu", copy=True)
+                yield name, t.detach().to("cuda", dtype)
+
         if members != self.members or self.engine is None:
-            self._open_group(version, members, wire, snapshot_uri)
-        self.source.state = wire
+            self._open_group(version, members, layout, snapshot_uri)
+        self.source.items = wire
         self.client.version, self.client.snapshot_uri = version, snapshot_uri
         self.engine.send_weights()
-        if self.config.snapshot:
-            cpu = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+        if cpu is not None:
             self._snapshot = threading.Thread(target=self._write_snapshot, args=(version, cpu), name=f"snapshot-v{version}", daemon=True)
             self._snapshot.start()
         return pb.WeightUpdate(run_id=self.run_id, version=version, transport=TRANSPORT, uri=snapshot_uri, published_at=time.time(), epoch=self.store.epoch)
 
-    def _open_group(self, version: int, members: dict[str, int], wire: dict[str, torch.Tensor], snapshot_uri: str) -> None:
+    def _open_group(self, version: int, members: dict[str, int], layout: list, snapshot_uri: str) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
         if self.engine is not None:
@@ -182,7 +194,7 @@ class NcclSender(WeightSender):
         self.members = members
         self.client = RedisRelayClient(self.channels, members, self.group_id, self.config.member_wait_seconds)
         self.client.version, self.client.snapshot_uri = version, snapshot_uri
-        self.source = state_dict_source(wire)
+        self.source = state_dict_source(layout)
         info = NCCLTrainerInitInfo(
             master_address=self.config.master_address or socket.gethostname(),
             master_port=self.config.master_port + self.group_id - 1,
@@ -214,22 +226,25 @@ class NcclSender(WeightSender):
             self.engine.shutdown()
 
 
-def state_dict_source(state: dict[str, torch.Tensor]):
-    """A vLLM `WeightSource` over a state dict that the sender swaps before each round."""
+def state_dict_source(layout: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+    """A vLLM `WeightSource` whose metadata is the published layout (name, wire dtype, shape) and
+    whose `iter_full` is the current round's (name, tensor) pairs, set by the sender before each
+    round (`items`, a function making one pass)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class StateDictSource(WeightSource):
-        def __init__(self, state: dict[str, torch.Tensor]):
-            self.state = state
+        def __init__(self, layout):
+            self.layout = layout
+            self.items = lambda: iter(())
 
         @cached_property
         def metadata(self) -> list[ParamMeta]:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
+            return [ParamMeta(name, dtype, tuple(shape)) for name, dtype, shape in self.layout]
 
         def iter_full(self):
-            yield from self.state.items()
+            yield from self.items()
 
-    return StateDictSource(state)
+    return StateDictSource(layout)
 
 
 class NcclEndpoint(CheckpointLoader, Protocol):

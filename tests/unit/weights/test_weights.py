@@ -57,3 +57,43 @@ def test_gc_keeps_the_newest_versions(tmp_path):
     assert store.gc(keep=2) == [0, 1, 2]
     assert store.complete_versions() == [3, 4]
     assert torch.equal(store.load_version(4)["b.bias"], state()["b.bias"])
+
+
+def test_streamed_safetensors_is_what_save_file_writes(tmp_path):
+    """Weights published bucket by bucket (`StateBuckets`, one bucket in memory at a time) make the
+    same file contents as the whole state dict: safetensors reads back every tensor exactly."""
+    from safetensors.torch import load_file
+
+    from magic.weights.base import StateBuckets
+    from magic.weights.filesystem import write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    state = {"a.weight": torch.randn(7, 5, generator=g), "b.bias": torch.randn(3, generator=g).to(torch.bfloat16), "c.idx": torch.arange(4),
+             "d.scalar": torch.tensor(2.5)}
+    consumed = []
+
+    def buckets():
+        for names in (["a.weight"], ["b.bias", "c.idx"], ["d.scalar"]):
+            consumed.append(names)
+            yield {n: state[n] for n in names}
+
+    write_safetensors(tmp_path / "m.safetensors", StateBuckets([(k, v.dtype, tuple(v.shape)) for k, v in state.items()], buckets()), {"format": "pt"})
+    back = load_file(str(tmp_path / "m.safetensors"))
+    assert set(back) == set(state) and all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in state.items())
+    assert len(consumed) == 3
+    write_safetensors(tmp_path / "whole.safetensors", state, {"format": "pt"})  # a plain state dict: one bucket
+    assert all(torch.equal(load_file(str(tmp_path / "whole.safetensors"))[k], v) for k, v in state.items())
+
+
+def test_buckets_that_disagree_with_their_layout_are_refused(tmp_path):
+    from magic.weights.base import StateBuckets
+    from magic.weights.filesystem import write_safetensors
+
+    layout = [("a", torch.float32, (2,)), ("b", torch.float32, (3,))]
+    for buckets, message in (
+        ([{"a": torch.zeros(2)}], "ended before"),
+        ([{"a": torch.zeros(2), "b": torch.zeros(4)}], "layout expects"),
+        ([{"b": torch.zeros(3), "a": torch.zeros(2)}], "layout expects"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            write_safetensors(tmp_path / "x.safetensors", StateBuckets(layout, buckets), {})
