@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/learner_memory.py                    # the three default shapes (≈ 10 min on 2 cores)
     .venv/bin/python benchmarks/learner_memory.py --shapes 1:2:fp32:0:1024
     .venv/bin/python benchmarks/learner_memory.py --calibrate        # the activation constants, one process
+    .venv/bin/python benchmarks/learner_memory.py --measured runs.json   # the plan against a saved --json run's measurements
+    .venv/bin/python benchmarks/learner_memory.py --gpu-table        # docs/learner.md's 7B/32B table (computed)
 
-A randomly initialised Qwen2-shaped model of 0.55B parameters (Qwen2.5-0.5B's dimensions with 28
-layers; built once into --model-dir, float32 safetensors) is trained by W rank processes (gloo,
+A randomly initialised Qwen2-shaped model of 0.51B parameters (`MODEL`; built once into
+--model-dir, float32 safetensors) is trained by W rank processes (gloo,
 `DS_ACCELERATOR=cpu`) exactly as the learner loads and trains it: `DeepSpeedBackend.load_policy`
 (ZeRO-3: partitioned from construction, each rank reading its own share of the files; ZeRO-1/2:
 the replica in the training precision), `DeepSpeedBackend`, then two optimizer steps on one
@@ -35,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
 MODEL = dict(
-    hidden_size=896, num_hidden_layers=28, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
-    vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    hidden_size=1024, num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816,
+    vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=4096,
 )
+"""0.51B parameters in Qwen2 layers (Qwen1.5-0.5B's widths, 42 layers, a 32k vocabulary): four ranks
+of it, each with its float32 masters and AdamW moments, fit this 24 GiB machine."""
 DEFAULT_SHAPES = ["1:2:fp32:0:1024", "2:3:bf16:1:2048", "4:3:bf16:0:512"]
 
 
@@ -181,6 +185,31 @@ def calibrate_one(h: int, i: int, precision: str, ckpt: bool, n: int, layers: in
     print(f"h={h} i={i} {precision} checkpointing={'on' if ckpt else 'off'} N={n}: peak {peak / 2**20:.0f} MiB, {peak / n / layers:.0f} bytes per token per layer")
 
 
+def gpu_table() -> None:
+    """The memory plan of the chart's GPU examples (bf16, activation checkpointing, prompts up to
+    2048 tokens), computed: a markdown table for docs/learner.md."""
+    import yaml
+
+    from magic.learner import memory
+
+    ci = ROOT / "charts" / "magic" / "ci"
+    gib = memory.GiB
+    keys = ["weights", "gradients", "optimizer", "zero_buffers", "gathered", "activations", "logits", "optimizer_step", "publish", "runtime"]
+    print("| model, learner | T | " + " | ".join(keys) + " | peak per GPU (GiB) | fits an 80 GB GPU (67.1 GiB usable) |")
+    print("|" + " --- |" * (len(keys) + 4))
+    for name, values in (("DeepSeek-R1-Distill-Qwen-7B", "gpu-7b-values.yaml"), ("DeepSeek-R1-Distill-Qwen-32B", "gpu-32b-values.yaml")):
+        model = memory.ModelShape.from_path(ci / "models" / name)
+        vals = yaml.safe_load((ci / values).read_text())
+        for T in (16384, 32768):
+            shape = memory.shape_from_values(vals, sequence_tokens=T + memory.DEFAULT_PROMPT_TOKENS)
+            p = memory.plan(model, shape)
+            c = p.per_rank
+            fix = "" if p.fits else " — " + p.problems[0].split(": ", 1)[1]
+            learner = f"{model.params / 1e9:.1f}B, {shape.gpus}×{shape.nodes} ZeRO-{shape.zero_stage}"
+            print(f"| {learner} | {T // 1024}k | " + " | ".join(f"{c[k] / gib:.1f}" if k in c else "–" for k in keys)
+                  + f" | **{p.rank_total / gib:.1f}** | {'yes' if p.fits else 'no' + fix} |")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--rank"]:
         a = sys.argv[2:]
@@ -189,27 +218,37 @@ def main() -> None:
         a = sys.argv[2:]
         return calibrate_one(int(a[0]), int(a[1]), a[2], a[3] == "1", int(a[4]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", type=Path, default=Path("/tmp/magic-bench-qwen2-0.55b"))
+    ap.add_argument("--model-dir", type=Path, default=Path("/tmp/magic-bench-qwen2-0.51b"))
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="W:ZeRO:precision:checkpointing(0/1):tokens per micro-batch")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--gpu-table", action="store_true", help="print docs/learner.md's table: the plan of the chart's 7B and 32B examples at T = 16k and 32k (computed)")
     ap.add_argument("--phases", action="store_true", help="print each rank's resident memory after each phase")
     ap.add_argument("--calibrate-tokens", type=int, default=2048)
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--measured", type=Path, help="compare the plan with the measurements a previous --json run saved (no ranks are run)")
     args = ap.parse_args()
     if args.calibrate:
         return calibrate(args)
+    if args.gpu_table:
+        return gpu_table()
     from magic.learner import memory
 
     args.model_dir.mkdir(parents=True, exist_ok=True)
-    build_model(args.model_dir)
+    if not args.measured:
+        build_model(args.model_dir)
+    elif not (args.model_dir / "config.json").exists():  # the plan reads only the model's config.json
+        from transformers import Qwen2Config
+
+        Qwen2Config(**MODEL).save_pretrained(args.model_dir)
     work = args.model_dir / "runs"
     work.mkdir(exist_ok=True)
     gib = memory.GiB
     rows, worst = [], 0.0
     print(f"{'shape (W:ZeRO:precision:ckpt:N)':<34} {'predicted':>10} {'measured':>10} {'error':>7}   components predicted (GiB)")
-    for spec in args.shapes:
-        r = run_shape(args.model_dir, spec, work)
+    saved = {row["spec"]: row for row in json.loads(args.measured.read_text())} if args.measured else {}
+    for spec in (list(saved) if saved else args.shapes):
+        r = saved[spec] if saved else run_shape(args.model_dir, spec, work)
         pred = predict(args.model_dir, r)
         total = memory.peak_bytes(pred)
         measured = max(x["train_peak"] for x in r["ranks"])

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("model", help="a model directory or its config.json (no weights are read)")
     mem.add_argument("--values", "-f", action="append", default=[], help="chart values file(s) to read learner.* from (later files win)")
     mem.add_argument("--T", type=int, default=None, dest="context_length", help="max response tokens T (default: 16384)")
-    mem.add_argument("--prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: 1024)")
+    mem.add_argument("--prompt-tokens", type=int, default=None, help="longest prompt in tokens (default: 2048, as the learner's MAGIC_MAX_PROMPT_TOKENS)")
     mem.add_argument("--gpus", type=int, default=None, help="GPUs (ranks) per learner pod (learner.gpus; 0: CPU)")
     mem.add_argument("--nodes", type=int, default=None, help="learner pods (learner.nodes)")
     mem.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=None, help="ZeRO stage (learner.zeroStage)")
@@ -249,6 +249,8 @@ def memory_command(args: argparse.Namespace) -> int:
             return usage(f"--values {path}: not YAML ({str(exc).splitlines()[0]})")
         if not isinstance(loaded, dict):
             return usage(f"--values {path}: not a mapping of chart values")
+        if not isinstance(loaded.get("learner") or {}, dict):
+            return usage(f"--values {path}: learner: is not a mapping of the learner's values")
         learner = dict(values.get("learner") or {})
         learner.update(loaded.get("learner") or {})
         values.update({k: v for k, v in loaded.items() if k != "learner"})
@@ -264,7 +266,7 @@ def memory_command(args: argparse.Namespace) -> int:
             return usage(f"{flag} {value}: must be at least {low}")
     try:
         model = memory.ModelShape.from_path(args.model)
-        sequence = (args.context_length or 16384) + (args.prompt_tokens or 1024)
+        sequence = (args.context_length or 16384) + (args.prompt_tokens or memory.DEFAULT_PROMPT_TOKENS)
         shape = memory.shape_from_values(values, sequence_tokens=sequence, reference=args.reference)
         result = memory.plan(model, shape)
     except ValueError as exc:  # ModelShapeError, a bad size or precision in the values

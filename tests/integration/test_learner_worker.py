@@ -64,3 +64,21 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model
     for key in ("loss", "pg_loss", "entropy", "kl_old", "grad_norm"):
         assert got[key] == pytest.approx(expected[2][key], rel=1e-5), key
     assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000001", "step-00000002"]
+
+
+def test_a_stage_that_does_not_fit_is_refused_before_anything_loads(r, tmp_path, tiny_model_dir, monkeypatch):
+    """The memory plan at attach (`LearnerWorker.check_stage`): a stage whose plan exceeds the
+    host's memory fails the run with the plan's reason and the knob, and no weight is loaded."""
+    from magic import modeling as m
+    from magic.learner.worker import MemoryPlanError
+
+    start_run(r, "too-big", tiny_model_dir)
+    loaded = []
+    monkeypatch.setattr(m, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded a model"))
+    settings = LearnerSettings(data_dir=tmp_path, worker_name="learner-test", micro_batch_tokens=64, host_memory_bytes=50_000_000)
+    with pytest.raises(MemoryPlanError, match=r"stage 'stage' \(T = 16\): a learner pod needs .* GiB of host memory, over its 0\.05 GiB limit"):
+        LearnerWorker(RunChannels(r, "too-big", "learner", settings.worker_name), settings)
+    assert not loaded
+    monkeypatch.undo()
+    fits = LearnerSettings(data_dir=tmp_path, worker_name="learner-test", micro_batch_tokens=64, host_memory_bytes=8 * 2**30)
+    LearnerWorker(RunChannels(r, "too-big", "learner", fits.worker_name), fits).close()  # the same run fits 8 GiB

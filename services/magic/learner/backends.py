@@ -145,10 +145,19 @@ class Backend(abc.ABC):
     """Whether every rank must run `reference_forward` for every micro-batch (ZeRO-3 gathers)."""
     chunk_size: int = 1024
 
+    model_dir: str | Path | None = None
+    """The run's initial model (the reference policy of kl_reference "initial")."""
+
     def load_reference(self, fallback: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         """The run's initial model as pi_ref, in the policy's compute dtype (bf16 halves its
-        memory), no gradients; `fallback` loads it whole in float32."""
-        return fallback().to(next(self.policy.parameters()).dtype).requires_grad_(False)
+        memory), no gradients: read from `model_dir` tensor by tensor in that dtype
+        (`loading.load_dense`), or, without one, `fallback` (float32) cast down."""
+        dtype = next(self.policy.parameters()).dtype
+        if self.model_dir is not None:
+            from magic.learner import loading
+
+            return loading.load_dense(self.model_dir, self.device, dtype).requires_grad_(False)
+        return fallback().to(dtype).requires_grad_(False)
 
     def reference_forward(self, ref, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
         """log pi_ref of the micro-batch's tokens."""
@@ -206,8 +215,10 @@ class TorchBackend(Backend):
         chunk_size: int = 1024,
         precision: str = "fp32",
         activation_checkpointing: bool = False,
+        model_dir: str | Path | None = None,
     ):
         super().__init__(policy, device)
+        self.model_dir = model_dir
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         self.master = None
         if precision != "fp32":
@@ -272,10 +283,11 @@ beyond its own share when the weights are gathered for publishing and for checkp
 
 
 def _cast_copy(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A host copy of `t` in `dtype` (floating point only): the bucket rank 0 hands to the transport
+    or the checkpoint costs the device nothing beyond the gathered parameters themselves."""
     t = t.detach()
-    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-        return t.to(dtype)
-    return t.clone()
+    target = dtype if dtype is not None and t.is_floating_point() else t.dtype
+    return t.to("cpu", target, copy=True)
 
 
 def _bucket_names(layout: list[tuple[str, object]], bucket_bytes: int, dtype: torch.dtype | None) -> list[list[str]]:

@@ -79,9 +79,10 @@ def write_weights(backend, directory: Path) -> None:
 
     layout = backend.published_layout(None)
     buckets = backend.state_dict_buckets(PUBLISH_BUCKET_BYTES, None)
-    if backend.rank == 0:
-        write_safetensors(directory / "model.safetensors", StateBuckets(layout, buckets), metadata={"format": "pt"})
-    else:
+    try:
+        if backend.rank == 0:
+            write_safetensors(directory / "model.safetensors", StateBuckets(layout, buckets), metadata={"format": "pt"})
+    finally:  # every rank gathers every bucket, whatever became of rank 0's file
         for _ in buckets:
             pass
 
@@ -114,12 +115,19 @@ class CheckpointWriter:
         tmp = Path(backend.broadcast_object(str(tmp) if tmp else None))  # the directory exists before anyone writes
         write_optimizer = backend.capture_optimizer()
         state = None
+        failed = None
         if write_optimizer is None:  # collective: every rank writes its part now
-            write_weights(backend, tmp)  # rank 0 streams the HF weights bucket by bucket (ZeRO-3 gathers one at a time)
+            try:  # rank 0 streams the HF weights bucket by bucket (ZeRO-3 gathers one at a time)
+                write_weights(backend, tmp)
+            except Exception as exc:  # noqa: BLE001 — rank 0's file failed; the collectives still line up
+                failed = exc
             backend.save(tmp)
         else:  # one process: its weights, copied to CPU memory for the writer thread
             state = {k: v.detach().to("cpu", copy=True) for k, v in backend.full_state_dict().items()}
-        if rank0:
+        if rank0 and failed is not None:  # as a failed background write: no checkpoint this time, the next one retries
+            log.error("writing checkpoint %s failed: %s", final, failed)
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif rank0:
             args = (backend.policy, state, write_optimizer, trainer_state, assets_from, tmp, final, keep, ema, fence, epoch)
             if background and write_optimizer is not None:
                 self._writer = threading.Thread(target=_write_checkpoint, args=args, name=f"checkpoint-{step}")
@@ -169,6 +177,8 @@ def _write_checkpoint(
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     _remove_leftovers(root, keep=tmp)
+    # a checkpoint at this shape exists now: the universal conversion a resume at it started from goes
+    shutil.rmtree(root.parent / "universal", ignore_errors=True)
 
 
 def _publish(tmp: Path, final: Path, fence: Callable[[], None] | None, epoch: int) -> bool:
@@ -325,8 +335,13 @@ def saved_shape(directory: Path) -> dict:
         return state["shape"]
     ds = directory / "deepspeed"
     if ds.is_dir():
-        ranks = len(list(ds.glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
-        return {"backend": "deepspeed", "world_size": ranks, "zero_stage": None, "precision": None}
+        optim = list(ds.glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt"))
+        return {
+            "backend": "deepspeed",
+            "world_size": len(optim),
+            "zero_stage": 3 if (ds / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file() else 2,  # 1 and 2 name their files alike
+            "precision": "bf16" if any(p.name.startswith("bf16_") for p in optim) else "fp32",
+        }
     return {"backend": "torch", "world_size": 1, "zero_stage": None, "precision": None}
 
 

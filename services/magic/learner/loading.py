@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -235,6 +236,7 @@ def check_files(model_dir: str | Path) -> None:
         model = AutoModelForCausalLM.from_config(config)
     expected = {n: tuple(p.shape) for n, p in model.named_parameters()}  # tied output embeddings once
     prefix = getattr(model, "base_model_prefix", None)
+    ignored = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []) + [r"rotary_emb\.inv_freq$"]
     problems = []
     found: set[str] = set()
     by_file: dict[Path, list[str]] = {}
@@ -245,7 +247,8 @@ def check_files(model_dir: str | Path) -> None:
         for key in names:
             name = key if key in expected else f"{prefix}.{key}" if prefix and f"{prefix}.{key}" in expected else None
             if name is None:
-                if not (key == "lm_head.weight" and getattr(config, "tie_word_embeddings", False)):
+                tied = key == "lm_head.weight" and getattr(config, "tie_word_embeddings", False)
+                if not tied and not any(re.search(p, key) for p in ignored):  # what transformers ignores too (e.g. stored rotary inv_freq)
                     problems.append(f"{key}: not a parameter of the model")
                 continue
             found.add(name)

@@ -2,21 +2,27 @@
 
     plan(model, shape) -> MemoryPlan        pure arithmetic over a model's config.json and the learner's shape
 
-The same function answers `magic plan` (the CLI, from a model directory or config.json and the
-chart's values) and the learner's check when a run attaches (`check_run`: a shape that does not
-fit is refused with the knob to turn, before any weight is loaded). Components, per rank, for P
-parameters, W = gpus × nodes ranks, b bytes per weight (2 in bf16, 4 in fp32):
+The same function answers `magic memory` (the CLI, from a model directory or config.json and the
+chart's values) and the learner's check when a run attaches and when a stage starts
+(`stage_problems`, `LearnerWorker.check_stage`: a stage that does not fit fails the run with the
+knob to turn, before any weight is loaded). Components, per rank, for P parameters, W = gpus ×
+nodes ranks, b bytes per weight (2 in bf16, 4 in fp32). The peak is what a rank holds throughout
+(runtime, weights, gradients, optimizer, zero_buffers, reference) plus the largest of its phases'
+working sets: forward/backward (gathered, activations, logits), the optimizer step
+(optimizer_step), publishing (publish, rank 0):
 
 | component | bytes per rank |
 | --- | --- |
 | weights | P·b, ÷W under ZeRO-3 (`loading`: partitioned from construction) |
 | gradients | P·b under ZeRO-1, P·b/W + the reduce bucket under ZeRO-2/3 |
 | optimizer | 12·P/W: float32 masters + AdamW's two moments, partitioned (DeepSpeed); the torch backend keeps 8·P (fp32) or 12·P (bf16) |
+| zero_buffers | DeepSpeed's own flat buffers, `ZERO_BUFFER_BYTES` per partition element (measured) |
+| optimizer_step | the step's working set: 12 bytes per element stepped at once (the float32 gradient copy and AdamW's temporaries): the partition (ZeRO-1/2), a 1e8-element sub-group (ZeRO-3) |
 | gathered | ZeRO-3: the parameters gathered for the current and the prefetched layer (2 × the largest of a decoder layer and the vocabulary matrix) |
+| publish | rank 0: one gathered bucket of the published weights (1 GiB, or the largest tensor) |
 | activations | N·L·a (all layers' saved tensors), with activation checkpointing N·L·h·b + 1.7·N·a (the layer inputs, one layer recomputed and its gradients) |
 | logits | the output layer's chunked log-probs: c·chunk·V·4 (float32 chunks) + V·h·4 (the output matrix's gradient) |
 | reference | kl_reference "initial": P·b, ÷W under ZeRO-3; "ema": P·4 (a float32 replica on every rank) |
-| publish | rank 0: one bucket of the published weights (`publish_bucket_bytes`) |
 | runtime | CUDA context and NCCL buffers (GPU, assumed 1.5 GiB); the Python process with torch and DeepSpeed (CPU, measured) |
 
 N is the tokens of one micro-batch: `micro_batch_tokens`, or prompt + T when one sequence is longer
@@ -28,9 +34,9 @@ softmax statistics stay float32), measured with Hugging Face's Qwen2 layers and 
 DeepSpeed ranks on CPU (docs/learner.md, "Memory plan").
 
 Per host (a learner pod): its ranks' host memory — the runtime of each process (3 GiB on a GPU
-node: Python, torch, CUDA and NCCL libraries; assumed), the load working set (ZeRO-3 and the
-dense load read the safetensors files through a memory map: one tensor at a time), rank 0's
-publish bucket in host memory — or, on CPU, everything above.
+node: Python, torch, CUDA and NCCL libraries; assumed), the load working set (one tensor at a
+time, read with `pread`), rank 0's host copy of a publish bucket, and with the `nccl` transport
+rank 0's host copy of the whole model for the filesystem snapshot — or, on CPU, everything above.
 """
 
 from __future__ import annotations
@@ -63,6 +69,12 @@ GPU_HOST_RUNTIME_BYTES = 3 * GiB
 """Host memory of one GPU rank's process: Python, torch, DeepSpeed, CUDA and NCCL libraries (assumed)."""
 CPU_RUNTIME_BYTES = int(0.45 * GiB)
 """A CPU rank's process with torch, transformers and DeepSpeed imported and gloo joined (measured)."""
+
+DEFAULT_PROMPT_TOKENS = 2048
+"""The longest prompt the plan assumes unless told (`magic memory --prompt-tokens`, `MAGIC_MAX_PROMPT_TOKENS`)."""
+CHART_MEMORY_PER_RANK_LIMIT_GI = 48
+"""The chart's `learner.memoryPerRank.limitGi` default: a values file that sets neither it nor the
+learner's memory limit gets the chart's."""
 
 DEFAULT_MARGIN = 0.10
 """Share of the device kept free: allocator fragmentation and what the plan does not count."""
@@ -237,7 +249,7 @@ STEADY = ("runtime", "weights", "gradients", "optimizer", "zero_buffers", "refer
 PHASES = {"train": ("gathered", "activations", "logits"), "step": ("optimizer_step",), "publish": ("publish",)}
 """Working sets of the step's phases: forward/backward, the optimizer step, publishing (rank 0)."""
 
-ZERO_BUFFER_BYTES = {1: 2.75, 2: 2.75, 3: 2.75}
+ZERO_BUFFER_BYTES = {1: 2.75, 2: 2.75, 3: 8.5}
 """DeepSpeed's own flat buffers per element of a rank's partition beyond the states counted apart
 (gradient staging, reduce and gather buffers), measured (benchmarks/learner_memory.py)."""
 
@@ -275,13 +287,16 @@ def per_rank_components(model: ModelShape, s: LearnerShape, rank0: bool = True) 
     a = activation_bytes_per_token_layer(model, s.precision)
     c["activations"] = n * L * model.hidden_size * b + CHECKPOINT_RECOMPUTE * n * a if s.activation_checkpointing else n * L * a
     c["logits"] = LOGIT_BUFFERS[s.precision] * min(s.logprob_chunk_size, n) * model.vocab_size * 4 + model.embedding_params * 4
-    # the optimizer step: the float32 copy of the gradients (bf16) and AdamW's two temporaries of
-    # sqrt(v) over what it steps at once: the whole partition (ZeRO-1/2), a sub-group (ZeRO-3), a
-    # parameter (torch)
-    at_once = part if z in (1, 2) else min(part, SUB_GROUP_ELEMENTS) if z == 3 else max(model.embedding_params, model.layer_params // 4)
-    c["optimizer_step"] = 8 * at_once + (4 * (P if not ds else at_once) if s.precision == "bf16" else 0)
-    if rank0:
-        c["publish"] = min(s.publish_bucket_bytes, P * b)
+    # the optimizer step: DeepSpeed's float32 copy of the gradient partition it steps and AdamW's two
+    # temporaries (sqrt(v), its quotient) over what it steps at once: the whole partition
+    # (ZeRO-1/2), a sub-group (ZeRO-3); the torch backend steps one parameter at a time (and in
+    # bf16 first converts every gradient to float32 for the masters)
+    if ds:
+        c["optimizer_step"] = 12 * (part if z in (1, 2) else min(part, SUB_GROUP_ELEMENTS))
+    else:
+        c["optimizer_step"] = 8 * max(model.embedding_params, model.layer_params // 4) + (4 * P if s.precision == "bf16" else 0)
+    if rank0:  # one gathered bucket on the device (a tensor larger than the bucket is one alone)
+        c["publish"] = min(max(s.publish_bucket_bytes, max(model.embedding_params, model.layer_params // 4) * b), P * b)
     return {k: int(v) for k, v in c.items()}
 
 
@@ -295,7 +310,7 @@ def per_host_components(model: ModelShape, s: LearnerShape, rank_bytes: dict[str
     out = {
         "runtime": ranks * GPU_HOST_RUNTIME_BYTES,
         "load": ranks * largest,
-        "publish": min(s.publish_bucket_bytes, model.params * b),
+        "publish": min(max(s.publish_bucket_bytes, model.embedding_params * b), model.params * b),  # rank 0's host copy of a bucket
     }
     if s.host_weight_copy:
         out["snapshot"] = model.params * b
@@ -316,7 +331,7 @@ def plan(model: ModelShape, shape: LearnerShape) -> MemoryPlan:
             p.problems.append(f"rank 0 needs {p.rank_total / GiB:.1f} GiB, over the {usable / GiB:.1f} GiB usable of a {shape.device_bytes / GiB:.1f} GiB GPU: " + advice(model, shape, per_rank, usable))
     if shape.host_bytes and p.host_total > shape.host_bytes:
         p.problems.append(
-            f"a learner pod needs {p.host_total / GiB:.1f} GiB of host memory, over its {shape.host_bytes / GiB:.1f} GiB limit: "
+            f"a learner pod needs {p.host_total / GiB:.2f} GiB of host memory, over its {shape.host_bytes / GiB:.2f} GiB limit: "
             "raise learner.resources.limits.memory (learner.memoryPerRank) or run fewer ranks per pod"
         )
     return p
@@ -363,54 +378,85 @@ def needed_nodes(model: ModelShape, s: LearnerShape, usable: float, limit: int =
     return None
 
 
-def parse_bytes(text: str | int | float) -> int:
-    """"80GB", "80Gi", "128Gi", "1Ti", "512M", 8e10 -> bytes (Kubernetes quantities and plain numbers)."""
-    if isinstance(text, (int, float)):
+def parse_bytes(text: str | int | float, unit_required: bool = False) -> int:
+    """"80GB", "80Gi", "128Gi", "1Ti", "512M", 8e10 -> bytes (Kubernetes quantities and plain
+    numbers; `unit_required`: a bare number is refused, "80" is not 80 GB)."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r}: not a memory size (e.g. 80GB, 80Gi, 1Ti)")
+    if isinstance(text, (int, float)) and not unit_required:
         return int(text)
     t = str(text).strip()
     units = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
              "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
     num = t.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     unit = t[len(num):]
-    if unit not in units or not num:
-        raise ValueError(f"{text!r}: not a memory size (e.g. 80GB, 80Gi, 1Ti)")
+    if unit not in units or not num or (unit_required and not unit):
+        raise ValueError(f"{text!r}: not a memory size with a unit (e.g. 80GB, 80Gi, 1Ti)" if unit_required else f"{text!r}: not a memory size (e.g. 80GB, 80Gi, 1Ti)")
     value = float(num) * units[unit]
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r}: not a positive memory size")
     return int(value)
 
 
+def _int(learner: dict, key: str, default: int, low: int, high: int | None = None) -> int:
+    value = learner.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f"an integer from {low} to {high}" if high is not None else f"an integer of at least {low}"
+        raise ValueError(f"learner.{key}: {value!r} is not {bounds}")
+    return value
+
+
 def shape_from_values(values: dict, sequence_tokens: int, reference: str = "none") -> LearnerShape:
     """The learner's shape as the chart renders it from its values (`learner.*`; unset keys take
     the chart's defaults): ranks, ZeRO stage, precision ("auto": bf16 on GPUs, fp32 on CPU),
-    checkpointing, micro-batch budget, the GPU's memory (`learner.gpuMemory`) and the pod's
-    memory limit (`learner.memoryPerRank.limitGi` × ranks, or `learner.resources.limits.memory`)."""
-    learner = (values or {}).get("learner") or {}
-    gpus = int(learner.get("gpus", 1))
-    nodes = max(1, int(learner.get("nodes", 1)))
+    checkpointing, micro-batch budget, the GPU's memory (`learner.gpuMemory`, with a unit) and the
+    pod's memory limit (`learner.resources.limits.memory`, else `learner.memoryPerRank.limitGi` ×
+    ranks). Raises ValueError naming the value that is not what the chart accepts."""
+    if not isinstance(values, dict):
+        raise ValueError("the values are not a mapping")
+    learner = values.get("learner") or {}
+    if not isinstance(learner, dict):
+        raise ValueError(f"learner: {learner!r} is not a mapping of the learner's values")
+    gpus = _int(learner, "gpus", 1, 0)
+    nodes = _int(learner, "nodes", 1, 1)
+    zero_stage = _int(learner, "zeroStage", 2, 1, 3)
+    micro = _int(learner, "microBatchTokens", 16384, 64)
     ranks = max(1, gpus) * nodes
     precision = learner.get("precision", "auto") or "auto"
     if precision == "auto":
         precision = "bf16" if gpus > 0 else "fp32"
     if precision not in WEIGHT_BYTES:
         raise ValueError(f"learner.precision: {precision!r} is not auto, bf16 or fp32")
-    limits = ((learner.get("resources") or {}).get("limits") or {}).get("memory")
+    checkpointing = learner.get("activationCheckpointing", False)
+    if not isinstance(checkpointing, bool):
+        raise ValueError(f"learner.activationCheckpointing: {checkpointing!r} is not true or false")
+    resources = learner.get("resources") or {}
+    limits = (resources.get("limits") or {}) if isinstance(resources, dict) else None
+    if not isinstance(limits, dict):
+        raise ValueError(f"learner.resources: {resources!r} is not a Kubernetes resources mapping")
     per_rank = learner.get("memoryPerRank") or {}
-    host = parse_bytes(limits) if limits else (int(per_rank["limitGi"]) * max(1, gpus) * GiB if per_rank.get("limitGi") else None)
+    if not isinstance(per_rank, dict):
+        raise ValueError(f"learner.memoryPerRank: {per_rank!r} is not a mapping")
+    if limits.get("memory"):
+        host = parse_bytes(limits["memory"])
+    else:
+        host = _int({"limitGi": per_rank.get("limitGi", CHART_MEMORY_PER_RANK_LIMIT_GI)}, "limitGi", 0, 1) * max(1, gpus) * GiB
+    gpu_memory = learner.get("gpuMemory", "80GB")
+    transport = values.get("weightTransportOptions") or {}
     return LearnerShape(
         gpus=max(1, gpus),
         nodes=nodes,
         backend="deepspeed" if ranks > 1 else "torch",
-        zero_stage=int(learner.get("zeroStage", 2)),
+        zero_stage=zero_stage,
         precision=precision,
-        activation_checkpointing=bool(learner.get("activationCheckpointing", False)),
-        micro_batch_tokens=int(learner.get("microBatchTokens", 16384)),
+        activation_checkpointing=checkpointing,
+        micro_batch_tokens=micro,
         sequence_tokens=sequence_tokens,
         reference=reference,  # type: ignore[arg-type]
         device="cuda" if gpus > 0 else "cpu",
-        device_bytes=parse_bytes(learner.get("gpuMemory", "80GB")) if gpus > 0 else None,
+        device_bytes=parse_bytes(gpu_memory, unit_required=True) if gpus > 0 else None,
         host_bytes=host,
-        host_weight_copy=(values or {}).get("weightTransport") == "nccl" and ((values or {}).get("weightTransportOptions") or {}).get("snapshot", True) is not False,
+        host_weight_copy=values.get("weightTransport") == "nccl" and (not isinstance(transport, dict) or transport.get("snapshot", True) is not False),
     )
 
 
@@ -432,6 +478,7 @@ def learner_shape(settings, sequence_tokens: int, reference: str, device_bytes: 
         device="cuda" if str(settings.device).startswith("cuda") else "cpu",
         device_bytes=device_bytes,
         host_bytes=host_bytes,
+        host_weight_copy=getattr(settings.weight_transport, "type", "") == "nccl" and bool(getattr(settings.weight_transport, "snapshot", False)),
     )
 
 

@@ -65,9 +65,12 @@ class LearnerSettings(ServiceSettings):
     """Learner processes in all (env WORLD_SIZE, set by the launcher)."""
     local_world_size: int = Field(default=1, ge=1, validation_alias="LOCAL_WORLD_SIZE")
     """Learner processes on this node (env LOCAL_WORLD_SIZE, set by the launcher): the memory plan's ranks per host."""
-    max_prompt_tokens: int = Field(default=2048, ge=1)
+    max_prompt_tokens: int = Field(default=2048, ge=1)  # memory.DEFAULT_PROMPT_TOKENS
     """The longest prompt (tokens) the memory plan assumes: a stage's longest sequence is this + T
     (`magic.learner.memory`, checked when a run attaches and when a stage starts)."""
+    host_memory_bytes: int | None = Field(default=None, gt=0)
+    """The memory the plan may use on this host (CPU runs: everything); None: the container's limit
+    (cgroup memory.max), unchecked when there is none."""
     check_memory: bool = True
     """Refuse a run or stage whose memory plan does not fit this learner's GPUs (or its container's
     memory limit on CPU) before loading anything (`magic memory` prints the same plan)."""

@@ -100,7 +100,7 @@ def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str, load
         )
     else:
         model = modeling.load_model(model_dir, device)  # float32: the master weights of bf16 training come from it
-        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size, **precision)
+        backend = backends.TorchBackend(model, spec.optim, device, settings.logprob_chunk_size, **precision, model_dir=spec.model)
 
     def load_reference() -> torch.nn.Module:
         return modeling.load_model(spec.model, device).requires_grad_(False)
@@ -123,6 +123,7 @@ idle waiting is never a collective, so the collectives' timeout (`collective_tim
 be minutes and a rank stuck with a dead peer is found in minutes."""
 
 _commands_sent = 0
+"""Commands rank 0 broadcast so far; on a follower, the commands it received (the same count)."""
 
 
 def _broadcast(command: tuple) -> None:
@@ -225,10 +226,16 @@ class LearnerWorker(Worker):
             return
         from magic.learner import memory
 
-        model = memory.ModelShape.from_path(self.spec.model)
+        try:
+            model = memory.ModelShape.from_path(self.spec.model)
+        except memory.ModelShapeError as exc:  # a model the plan does not cover (mixture of experts, ...): not a reason to refuse
+            log.warning("no memory plan for stage %r: %s", stage.name, exc)
+            self._planned.add(stage.name)
+            return
         device = _device(self.settings)
         device_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        problems = memory.stage_problems(model, stage, self.settings, device_bytes, memory.host_memory_limit())
+        host_bytes = self.settings.host_memory_bytes or memory.host_memory_limit()
+        problems = memory.stage_problems(model, stage, self.settings, device_bytes, host_bytes)
         if problems:
             raise MemoryPlanError(f"run {self.run_id}: the learner's memory plan does not fit: " + " | ".join(problems) + " (magic memory prints the plan)")
         self._planned.add(stage.name)
@@ -418,7 +425,11 @@ class LearnerWorker(Worker):
         dtype = publish_dtype(self.settings)
         layout = self.trainer.backend.published_layout(dtype)
         buckets = self.trainer.backend.state_dict_buckets(backends.PUBLISH_BUCKET_BYTES, dtype)
-        return self.weight_sender.publish(self.version, StateBuckets(layout, buckets))
+        try:
+            return self.weight_sender.publish(self.version, StateBuckets(layout, buckets))
+        finally:  # the other ranks gather every bucket: so does rank 0, whatever became of the transport
+            for _ in buckets:
+                pass
 
     def close(self) -> None:
         try:
@@ -443,10 +454,19 @@ def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str 
         saved = checkpoints.saved_shape(ckpt)
         if checkpoints.resume_mode(saved, now) == "universal":
             out = ckpt.parent.parent / "universal" / ckpt.name
+            key = f"magic/learner/universal/{_commands_sent}"  # the attach command's number: one key per conversion
             if settings.rank == 0:
                 log.warning("checkpoint %s was written at %s; this learner is %s: converting it to DeepSpeed's universal format", ckpt.name, saved, now)
-                checkpoints.to_universal(ckpt, out)
-            _wait_for_rank0(f"magic/learner/universal/{ckpt.resolve()}")
+                try:
+                    checkpoints.to_universal(ckpt, out)
+                except BaseException as exc:
+                    _tell_followers(key, f"failed: {type(exc).__name__}: {exc}")
+                    raise
+                _tell_followers(key, "ok")
+            else:
+                outcome = _wait_for_rank0(key)
+                if outcome != "ok":
+                    raise RuntimeError(f"rank 0 could not convert checkpoint {ckpt} to DeepSpeed's universal format ({outcome})")
             universal = out
     trainer = build_trainer(settings, spec, model_dir, load_universal=universal is not None)
     if ckpt is not None:
@@ -454,15 +474,19 @@ def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str 
     return trainer
 
 
-def _wait_for_rank0(key: str) -> None:
-    """Rank 0 sets `key` once it is done with something long (a checkpoint conversion); the other
-    ranks wait for it on the store, not in a collective."""
+def _tell_followers(key: str, outcome: str) -> None:
+    """Rank 0's outcome of something long it did alone (a checkpoint conversion), for `_wait_for_rank0`."""
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.distributed_c10d._get_default_store().set(key, outcome)
+
+
+def _wait_for_rank0(key: str) -> str:
+    """A follower's wait for rank 0's outcome under `key`, on the store (not in a collective), as long
+    as it takes; "ok" or "failed: ..."."""
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-        return
-    if torch.distributed.get_rank() == 0:
-        torch.distributed.distributed_c10d._get_default_store().set(key, "done")
-    else:
-        _store_wait(key)
+        return "ok"
+    _store_wait(key)
+    return torch.distributed.distributed_c10d._get_default_store().get(key).decode()
 
 
 def follow(settings: LearnerSettings) -> int:
@@ -474,15 +498,17 @@ def follow(settings: LearnerSettings) -> int:
     watch = LoopWatch(settings.liveness_stall_seconds)
     if settings.local_rank == 0 and settings.metrics_port is not None:
         serve_http(settings.metrics_port, lambda: True, registry=registry_of(SERVICE), stalled=watch.stalled)
+    global _commands_sent
     trainer: Trainer | None = None
-    received = 0
     while True:
         with watch.allowing(float("inf"), "waiting for rank 0's next command"):
-            cmd, *args = _next_command(received)
-        received += 1
+            cmd, *args = _next_command(_commands_sent)
+        _commands_sent += 1
         if cmd == "attach":
             _, spec_json, model_dir, ckpt = args
-            trainer = _attach(settings, RunSpec.model_validate_json(spec_json), model_dir, ckpt)
+            trainer = None  # the previous run's model goes before the next one loads
+            with watch.allowing(settings.attach_timeout_seconds, "attaching"):
+                trainer = _attach(settings, RunSpec.model_validate_json(spec_json), model_dir, ckpt)
         elif cmd == "train":
             raw, version, stage_json = args
             groups = [pb.ScoredGroup.FromString(b) for b in raw]

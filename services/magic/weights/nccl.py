@@ -173,7 +173,7 @@ class NcclSender(WeightSender):
             for name, t in buckets.items():
                 if cpu is not None:
                     cpu[name] = t.detach().to("cpu", copy=True)
-                yield name, t.detach().to("cuda", dtype)
+                yield name, t.detach().to("cuda", dtype if t.is_floating_point() else t.dtype)
 
         if members != self.members or self.engine is None:
             self._open_group(version, members, layout, snapshot_uri)
