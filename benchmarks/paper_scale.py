@@ -140,9 +140,12 @@ class StandInTrainer:
         self.controller = EntropyController()
         state = {"w": torch.zeros(4)}
 
-        class Backend:
-            def full_state_dict(self):
-                return state
+        class Backend:  # what the worker's publish asks of a backend: the layout, then the buckets
+            def published_layout(self, dtype=None):
+                return [(k, dtype or v.dtype, tuple(v.shape)) for k, v in state.items()]
+
+            def state_dict_buckets(self, bucket_bytes, dtype=None):
+                yield {k: v.to(dtype) if dtype else v for k, v in state.items()}
 
         self.backend = Backend()
 

@@ -233,7 +233,7 @@ def memory_command(args: argparse.Namespace) -> int:
     """`magic memory`: the learner's memory plan (`magic.learner.memory`); exit 1 when it does not fit."""
     import yaml
 
-    from magic.learner import memory
+    from magic.learner import memory  # as every command's own code: imported when it runs
 
     def usage(problem: str) -> int:
         print(f"magic memory: {problem}", file=sys.stderr)

@@ -42,8 +42,10 @@ def render_learner(chart, redis_url: str, gpus: int, nodes: int) -> tuple[list[d
         "externalRedis": {"url": redis_url},
         "learner": {
             "gpus": gpus, "nodes": nodes, "zeroStage": 3, "rendezvousPort": free_port(),
-            # the demo-sized learner: tiny micro-batches, a checkpoint every step, one thread per rank
-            "extraEnv": [{"name": "MAGIC_MICRO_BATCH_TOKENS", "value": "64"}, {"name": "MAGIC_LOGPROB_CHUNK_SIZE", "value": "5"},
+            # float32 as the one-process reference (GPU pods default to bf16), tiny micro-batches
+            "precision": "fp32", "microBatchTokens": 64,
+            # the demo-sized learner: a checkpoint every step, one thread per rank
+            "extraEnv": [{"name": "MAGIC_LOGPROB_CHUNK_SIZE", "value": "5"},
                          {"name": "MAGIC_CHECKPOINT_EVERY", "value": "1"}, {"name": "MAGIC_TORCH_THREADS", "value": "1"}],
         },
     }

@@ -36,6 +36,7 @@ import torch
 
 from magic import modeling
 from magic.config.schema import OptimConfig
+from magic.learner import loading
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,6 @@ class Backend(abc.ABC):
         (`loading.load_dense`), or, without one, `fallback` (float32) cast down."""
         dtype = next(self.policy.parameters()).dtype
         if self.model_dir is not None:
-            from magic.learner import loading
-
             return loading.load_dense(self.model_dir, self.device, dtype).requires_grad_(False)
         return fallback().to(dtype).requires_grad_(False)
 
@@ -413,8 +412,6 @@ class DeepSpeedBackend(Backend):
         """The policy of `model_dir` as this backend trains it, never whole in float32 first
         (`magic.learner.loading`): ZeRO-3 partitions it from construction and each rank reads its
         own share of the files; ZeRO-1/2 load the full replica in the training precision."""
-        from magic.learner import loading
-
         dtype = PRECISION_DTYPES[precision]
         if zero_stage == 3:
             return loading.build_partitioned(model_dir, deepspeed_config(3, precision, 1.0), dtype, device)
@@ -499,18 +496,15 @@ class DeepSpeedBackend(Backend):
             return {n: _cast_copy(state[n], dtype) for n in names}
 
     def full_state_dict(self):
+        """The whole model on rank 0 (host copies), None elsewhere: the buckets merged. For tests and
+        small models — the learner itself only ever streams `state_dict_buckets`."""
         if self.zero_stage < 3:
             return modeling.export_state_dict(self.policy) if self.rank == 0 else None
-        import deepspeed
-
-        params = list(self.policy.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            if self.rank != 0:
-                return None
-            state = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
-        if getattr(self.policy.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        return state
+        state: dict[str, torch.Tensor] = {}
+        for bucket in self.state_dict_buckets(PUBLISH_BUCKET_BYTES):
+            if bucket is not None:
+                state.update(bucket)
+        return state if self.rank == 0 else None
 
     def _named_training_weights(self):
         if self.zero_stage < 3:

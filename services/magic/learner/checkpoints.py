@@ -32,7 +32,11 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from magic.learner.backends import PUBLISH_BUCKET_BYTES
+from magic.learner.loading import SafetensorsFile
 from magic.runtime.files import fsync_path, fsync_tree, sha256_hex, write_durably
+from magic.weights.base import StateBuckets
+from magic.weights.filesystem import write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +77,6 @@ def copy_model_assets(src: str | Path | None, dst: Path) -> list[str]:
 def write_weights(backend, directory: Path) -> None:
     """The policy's full weights into `directory/model.safetensors` (rank 0 writes; collective: the
     other ranks take part in gathering each bucket), one bucket at a time (`write_safetensors`)."""
-    from magic.learner.backends import PUBLISH_BUCKET_BYTES
-    from magic.weights.base import StateBuckets
-    from magic.weights.filesystem import write_safetensors
-
     layout = backend.published_layout(None)
     buckets = backend.state_dict_buckets(PUBLISH_BUCKET_BYTES, None)
     try:
@@ -429,8 +429,6 @@ def to_universal(directory: Path, out: Path) -> Path:
         keep_temp_folder=False, strict=True, inject_missing_state=True,
     )
     ds_to_universal.main(args)
-    from magic.learner.loading import SafetensorsFile
-
     weights = SafetensorsFile(directory / "model.safetensors")
     _complete_optimizer_state(out / "deepspeed" / "zero", {k: weights.shape(k) for k in weights.keys()})
     # The engine reads the run's metadata (steps, client state) from the model-states file, named

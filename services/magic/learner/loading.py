@@ -155,13 +155,30 @@ def zero3_init_config(zero_config: dict, dtype: torch.dtype) -> dict:
     }
 
 
+def _partition_only():
+    import deepspeed
+
+    class PartitionOnly(deepspeed.zero.Init):
+        """`deepspeed.zero.Init` without its broadcast of every parameter from rank 0 before
+        partitioning it (`Init._zero_init_param`, DeepSpeed 0.19): the values are read from the
+        files right after, so the broadcast would move the whole model for nothing and make each
+        rank hold every parameter whole for a moment."""
+
+        def _zero_init_param(self, param):
+            self._convert_to_deepspeed_param(param)
+            param.partition()
+
+    return PartitionOnly
+
+
 def build_partitioned(model_dir: str | Path, ds_config: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     """The model of `model_dir` partitioned under ZeRO-3 from its construction, in `dtype`, with
     each rank's partitions read from the safetensors files (`read_partitions`)."""
-    import deepspeed
     from transformers import AutoModelForCausalLM
 
     import torch._dynamo  # noqa: F401 — imported inside zero.Init (which patches tensor creation) it fails
+
+    _PartitionOnly = _partition_only()
     from transformers.initialization import no_init_weights
     from transformers.models.auto.auto_factory import _get_model_class
 
@@ -171,7 +188,7 @@ def build_partitioned(model_dir: str | Path, ds_config: dict, dtype: torch.dtype
     # no random initialisation: every value is read from the files (and HF's init cannot index a
     # partition). The partitions' dtype comes from ds_config's "bf16" (zero.Init's own `dtype`
     # argument turns float32 into bfloat16 on accelerators without float16, such as the CPU).
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=None, enabled=True):
+    with no_init_weights(), _PartitionOnly(config_dict_or_path=ds_config, remote_device=None, enabled=True):
         model = model_class._from_config(config, dtype=dtype)
     model.tie_weights()  # tied output embeddings share the input embeddings' partitioned parameter
     read_partitions(model, model_dir)

@@ -39,7 +39,8 @@ import torch
 from magic import modeling
 from magic.prompts import load_tokenizer
 from magic.config.schema import RunSpec, StageConfig
-from magic.learner import backends, checkpoints
+from magic.learner import backends, checkpoints, memory
+from magic.learner.loading import check_files
 from magic.learner.checkpoints import latest_checkpoint
 from magic.learner.ledger import StepLedger
 from magic.learner.settings import LearnerSettings
@@ -87,8 +88,6 @@ def _device(settings: LearnerSettings) -> torch.device:
 def build_trainer(settings: LearnerSettings, spec: RunSpec, model_dir: str, load_universal: bool = False) -> Trainer:
     """The policy from `model_dir` (HF format) on this rank's backend; the reference policy (the
     run's initial model) is loaded at the first step whose stage sets kl_coef > 0."""
-    from magic.learner.loading import check_files
-
     device = _device(settings)
     check_files(model_dir)  # weights that do not match config.json: one clear error before anything is loaded
     tokenizer = load_tokenizer(spec.model)
@@ -224,8 +223,6 @@ class LearnerWorker(Worker):
         any weight of a stage that cannot fit is loaded or trained. Each stage is checked once."""
         if not self.settings.check_memory or stage.name in self._planned:
             return
-        from magic.learner import memory
-
         try:
             model = memory.ModelShape.from_path(self.spec.model)
         except memory.ModelShapeError as exc:  # a model the plan does not cover (mixture of experts, ...): not a reason to refuse
