@@ -37,6 +37,10 @@ def settings(redis_server) -> ServiceSettings:
     return ServiceSettings(redis_url=redis_server.url, worker_name="w-0", heartbeat_seconds=0.2)
 
 
+def test_a_watched_key_that_changed_is_not_an_outage():
+    assert not is_retryable(redis.WatchError("Watched variable changed."))
+
+
 def test_a_fatal_error_is_sent_to_the_run_as_a_worker_error(r, redis_server):
     r.set(keys.ACTIVE_RUN, "doomed")
     with pytest.raises(ValueError, match="model is gone"):
@@ -50,7 +54,8 @@ def test_a_fatal_error_is_sent_to_the_run_as_a_worker_error(r, redis_server):
     "outage",
     [redis.ConnectionError("Connection closed by server."), redis.BusyLoadingError("Redis is loading the dataset in memory"),
      redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
-     redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")],
+     redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
+     redis.WatchError("A ConnectionError occurred while watching one or more keys")],  # redis-py's word for a connection lost under WATCH
 )
 def test_a_redis_outage_or_refusal_re_attaches_the_worker(r, redis_server, outage):
     assert is_retryable(outage)

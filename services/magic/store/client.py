@@ -63,8 +63,12 @@ once Redis is back or has memory again."""
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """True for `RETRYABLE` errors, also when redis-py reports a refusal as a plain ResponseError."""
+    """True for `RETRYABLE` errors, also when redis-py reports a refusal as a plain ResponseError,
+    or a connection lost under a WATCH as a WatchError ("A ConnectionError occurred while watching
+    one or more keys": the transaction never ran, as with any ConnectionError)."""
     if isinstance(exc, RETRYABLE):
+        return True
+    if isinstance(exc, redis.exceptions.WatchError) and "ConnectionError occurred" in str(exc):
         return True
     return isinstance(exc, redis.ResponseError) and any(
         s in str(exc) for s in ("OOM command not allowed", "LOADING", "MASTERDOWN", "READONLY")
