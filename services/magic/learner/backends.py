@@ -37,6 +37,7 @@ import torch
 from magic import modeling
 from magic.config.schema import OptimConfig
 from magic.learner import loading
+from magic.learner.memory import PUBLISH_BUCKET_BYTES, SUB_GROUP_ELEMENTS, ZERO_BUCKET_ELEMENTS
 
 log = logging.getLogger(__name__)
 
@@ -276,11 +277,6 @@ class TorchBackend(Backend):
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True))
 
 
-PUBLISH_BUCKET_BYTES = 1 << 30
-"""Bytes of one bucket of published weights (`Backend.state_dict_buckets`): rank 0's working set
-beyond its own share when the weights are gathered for publishing and for checkpoints' HF copy."""
-
-
 def _cast_copy(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """A host copy of `t` in `dtype` (floating point only): the bucket rank 0 hands to the transport
     or the checkpoint costs the device nothing beyond the gathered parameters themselves."""
@@ -332,12 +328,6 @@ def init_distributed(device: torch.device, timeout_seconds: float) -> tuple[int,
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
-ZERO_BUCKET_ELEMENTS = 50_000_000
-"""Elements of DeepSpeed's gradient reduce and all-gather buckets (ZeRO-1/2) and of ZeRO-3's
-prefetch bucket: 100 MB in bf16, 200 MB in float32 (DeepSpeed's own defaults are 5e8 for the
-first two: 1-2 GB a rank). `magic.learner.memory` counts them."""
-
-
 def deepspeed_config(zero_stage: int, precision: str, max_grad_norm: float | None, load_universal: bool = False) -> dict:
     """The DeepSpeed config of the learner (and of `deepspeed.zero.Init`, which must partition like
     the engine); `max_grad_norm` None: an inference engine (the ZeRO-3 reference policy)."""
@@ -349,7 +339,7 @@ def deepspeed_config(zero_stage: int, precision: str, max_grad_norm: float | Non
             stage3_max_reuse_distance=ZERO_BUCKET_ELEMENTS,
             # the optimizer steps the partition in sub-groups of this many elements: its float32
             # gradient copy and AdamW's temporaries exist for one sub-group at a time (default 1e9)
-            sub_group_size=2 * ZERO_BUCKET_ELEMENTS,
+            sub_group_size=SUB_GROUP_ELEMENTS,
         )
     config = {
         "train_micro_batch_size_per_gpu": 1,

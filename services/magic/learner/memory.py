@@ -79,7 +79,15 @@ learner's memory limit gets the chart's."""
 DEFAULT_MARGIN = 0.10
 """Share of the device kept free: allocator fragmentation and what the plan does not count."""
 
-ZERO_BUCKET_ELEMENTS = 50_000_000  # backends.ZERO_BUCKET_ELEMENTS (kept import-free of torch)
+ZERO_BUCKET_ELEMENTS = 50_000_000
+"""Elements of DeepSpeed's gradient reduce and all-gather buckets (ZeRO-1/2) and of ZeRO-3's
+prefetch bucket (`backends.deepspeed_config`): 100 MB in bf16, 200 MB in float32 (DeepSpeed's own
+defaults are 5e8 for the first two: 1-2 GB a rank)."""
+SUB_GROUP_ELEMENTS = 2 * ZERO_BUCKET_ELEMENTS
+"""ZeRO-3's `sub_group_size`: the optimizer steps the partition this many elements at a time."""
+PUBLISH_BUCKET_BYTES = GiB
+"""Bytes of one bucket of published weights (`Backend.state_dict_buckets`): rank 0's working set
+beyond its own share when the weights are gathered for publishing and for checkpoints' HF copy."""
 
 
 class ModelShapeError(ValueError):
@@ -174,7 +182,7 @@ class LearnerShape:
     """The longest sequence trained: prompt tokens + T."""
     logprob_chunk_size: int = 1024
     reference: Literal["none", "initial", "ema"] = "none"
-    publish_bucket_bytes: int = 1 * GiB
+    publish_bucket_bytes: int = PUBLISH_BUCKET_BYTES
     device: Literal["cuda", "cpu"] = "cuda"
     device_bytes: int | None = 80 * 10**9
     """Memory of one GPU (80 GB for an H100/A100 80GB); None: not checked."""
@@ -253,7 +261,6 @@ ZERO_BUFFER_BYTES = {1: 2.75, 2: 2.75, 3: 8.5}
 """DeepSpeed's own flat buffers per element of a rank's partition beyond the states counted apart
 (gradient staging, reduce and gather buffers), measured (benchmarks/learner_memory.py)."""
 
-SUB_GROUP_ELEMENTS = 2 * ZERO_BUCKET_ELEMENTS  # backends: ZeRO-3's sub_group_size
 
 
 def peak_bytes(components: dict[str, int]) -> int:

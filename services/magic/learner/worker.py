@@ -40,9 +40,9 @@ from magic import modeling
 from magic.prompts import load_tokenizer
 from magic.config.schema import RunSpec, StageConfig
 from magic.learner import backends, checkpoints, memory
-from magic.learner.loading import check_files
 from magic.learner.checkpoints import latest_checkpoint
 from magic.learner.ledger import StepLedger
+from magic.learner.loading import check_files
 from magic.learner.settings import LearnerSettings
 from magic.learner.trainer import Trainer
 from magic.observability import metrics as m
