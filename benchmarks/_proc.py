@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 
-def rss_bytes() -> int:
-    """This process's resident memory now (VmRSS)."""
+def status_bytes(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmRSS: resident now, VmHWM: its
+    high-water mark, RssAnon, ...), in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (VmRSS)."""
+    return status_bytes("VmRSS")

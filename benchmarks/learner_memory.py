@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
+from _proc import status_bytes  # noqa: E402  (benchmarks/ is the script's directory)
+
 MODEL = dict(
     hidden_size=1024, num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816,
     vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=4096,
@@ -43,14 +45,6 @@ MODEL = dict(
 """0.51B parameters in Qwen2 layers (Qwen1.5-0.5B's widths, 42 layers, a 32k vocabulary): four ranks
 of it, each with its float32 masters and AdamW moments, fit this 24 GiB machine."""
 DEFAULT_SHAPES = ["1:2:fp32:0:1024", "2:3:bf16:1:2048", "4:3:bf16:0:512"]
-
-
-def vm(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 
 def reset_peak() -> None:
@@ -79,12 +73,12 @@ def rank_main(model_dir: str, out: str, zero: int, precision: str, checkpointing
     torch.set_num_threads(1)
     device = torch.device("cpu")
     rank, world = backends.init_distributed(device, 3600)
-    runtime = vm("VmRSS")
+    runtime = status_bytes("VmRSS")
     model = backends.DeepSpeedBackend.load_policy(model_dir, device, zero, precision)
-    loaded = vm("VmHWM")
+    loaded = status_bytes("VmHWM")
     backend = backends.DeepSpeedBackend(model, OptimConfig(max_grad_norm=1.0), device, zero, chunk_size=1024, precision=precision, activation_checkpointing=checkpointing)
     g = torch.Generator().manual_seed(rank)
-    phases = {"runtime": runtime, "load peak": loaded, "engine": vm("VmRSS")}
+    phases = {"runtime": runtime, "load peak": loaded, "engine": status_bytes("VmRSS")}
     t0 = time.perf_counter()
     for i in range(2):
         ids = torch.randint(3, MODEL["vocab_size"], (1, tokens), generator=g)
@@ -94,22 +88,22 @@ def rank_main(model_dir: str, out: str, zero: int, precision: str, checkpointing
         logp, entropy = backend.forward(ids, mask, 1.0)
         loss = -(logp.sum() + 1e-3 * entropy.sum()) / (tokens * world)
         backend.backward(loss, last=True)
-        phases[f"fwd+bwd{i} peak"] = vm("VmHWM")
+        phases[f"fwd+bwd{i} peak"] = status_bytes("VmHWM")
         del logp, entropy, loss
         reset_peak()
         backend.step(1e-6, 1.0)
-        phases[f"step{i} peak"] = vm("VmHWM")
-        phases[f"after step{i}"] = vm("VmRSS")
+        phases[f"step{i} peak"] = status_bytes("VmHWM")
+        phases[f"after step{i}"] = status_bytes("VmRSS")
     step_seconds = (time.perf_counter() - t0) / 2
     train_peak = max(v for k, v in phases.items() if k.endswith("peak"))
     torch.distributed.barrier()
     reset_peak()
-    before_publish = vm("VmRSS")
+    before_publish = status_bytes("VmRSS")
     published = 0
     for bucket in backend.state_dict_buckets(backends.PUBLISH_BUCKET_BYTES):
         if bucket is not None:
             published += sum(v.numel() * v.element_size() for v in bucket.values())
-    publish_peak = vm("VmHWM") - before_publish
+    publish_peak = status_bytes("VmHWM") - before_publish
     result = dict(rank=rank, phases=phases, runtime=runtime, loaded=loaded, train_peak=train_peak, publish_extra=publish_peak, published=published, step_seconds=step_seconds)
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     torch.distributed.barrier()
@@ -176,12 +170,12 @@ def calibrate_one(h: int, i: int, precision: str, ckpt: bool, n: int, layers: in
     w = torch.randint(0, vocab, (1, 8))
     lp, en = modeling.token_logprobs(model, w, torch.ones_like(w), 1.0, chunk_size=1024)
     (lp.sum() + en.sum()).backward()  # gradients allocated: what remains is activations
-    base = vm("VmRSS")
+    base = status_bytes("VmRSS")
     reset_peak()
     ids = torch.randint(0, vocab, (1, n))
     lp, en = modeling.token_logprobs(model, ids, torch.ones_like(ids), 1.0, chunk_size=1024)
     (lp.sum() + en.sum()).backward()
-    peak = vm("VmHWM") - base
+    peak = status_bytes("VmHWM") - base
     print(f"h={h} i={i} {precision} checkpointing={'on' if ckpt else 'off'} N={n}: peak {peak / 2**20:.0f} MiB, {peak / n / layers:.0f} bytes per token per layer")
 
 

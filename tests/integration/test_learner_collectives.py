@@ -8,29 +8,16 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from ranks import start_ranks
 
 SCRIPT = Path(__file__).with_name("collective_ranks.py")
 
 
-def _start(mode: str) -> list[subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
-
-
 def test_followers_wait_for_rank_0_longer_than_the_collective_timeout():
-    procs = _start("idle")
+    procs = start_ranks(SCRIPT, 2, "idle")
     logs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
     waited = float(re.search(r"follower got \('stop',\) after ([\d.]+) s", logs[1]).group(1))
@@ -38,7 +25,7 @@ def test_followers_wait_for_rank_0_longer_than_the_collective_timeout():
 
 
 def test_a_rank_stuck_with_a_hung_peer_fails_within_the_timeout():
-    procs = _start("stuck")
+    procs = start_ranks(SCRIPT, 2, "stuck")
     try:
         t0 = time.monotonic()
         out = procs[0].communicate(timeout=90)[0]

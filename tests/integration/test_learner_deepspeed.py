@@ -4,16 +4,13 @@ weights can be gathered for publishing, and the checkpoint is written in HF form
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import deepspeed  # noqa: F401  (in the dev extra: a missing DeepSpeed fails here rather than skipping)
 import pytest
 import torch
 import learner_batches
+from ranks import run_ranks
 from learner_batches import scored_groups, stage
 
 from magic import modeling
@@ -25,29 +22,8 @@ SCRIPT = Path(__file__).with_name("learner_ranks.py")
 KEYS = learner_batches.RECORD_KEYS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(model_dir: Path, out: Path, world: int, zero_stage: int, *extra: str) -> dict:
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), str(out), str(zero_stage), *extra], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
+    run_ranks(SCRIPT, world, model_dir, out, zero_stage, *extra, timeout=120)
     return torch.load(out, weights_only=False)
 
 

@@ -9,17 +9,14 @@ refused before anything is loaded."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from magic.learner import loading
+from ranks import run_ranks
 
 SCRIPT = Path(__file__).with_name("sharded_load_rank.py")
 
@@ -38,29 +35,8 @@ def model_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(model_dir: Path, out: Path, world: int, zero_stage: int, precision: str) -> list[dict]:
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), str(out), str(zero_stage), precision], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
+    run_ranks(SCRIPT, world, model_dir, out, zero_stage, precision)
     return [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(world)]
 
 

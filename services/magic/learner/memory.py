@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -366,22 +366,21 @@ def advice(model: ModelShape, s: LearnerShape, c: dict[str, int], usable: float)
         tips.append("train on several GPUs with DeepSpeed ZeRO (learner.gpus > 1)")
     else:
         need = needed_nodes(model, s, usable)
-        if need and need > s.nodes:
-            tips.append(f"more ranks: learner.nodes {need} (now {s.nodes}) fits{'' if s.zero_stage == 3 else ' with ZeRO-3'}")
+        if need and need[0] > s.nodes:
+            tips.append(f"more ranks: learner.nodes {need[0]} (now {s.nodes}) fits{'' if need[1] == s.zero_stage else f' with ZeRO-{need[1]}'}")
     if s.reference == "ema":
         tips.append("the EMA reference is a float32 replica on every rank: use kl_reference initial or beta 0")
     return "; ".join(tips) or "no knob of the learner is enough: a larger GPU is needed"
 
 
-def needed_nodes(model: ModelShape, s: LearnerShape, usable: float, limit: int = 64) -> int | None:
-    """The fewest nodes (same GPUs per node, ZeRO-3 if 1/2 do not fit) at which rank 0 fits."""
-    from dataclasses import replace
-
+def needed_nodes(model: ModelShape, s: LearnerShape, usable: float, limit: int = 64) -> tuple[int, int] | None:
+    """(nodes, ZeRO stage): the fewest nodes (same GPUs per node; the shape's stage, else ZeRO-3)
+    at which rank 0 fits, or None up to `limit` nodes."""
     for nodes in range(s.nodes, limit + 1):
         for stage in sorted({s.zero_stage, 3}):
             trial = replace(s, nodes=nodes, zero_stage=stage)
             if peak_bytes(per_rank_components(model, trial)) <= usable:
-                return nodes
+                return nodes, stage
     return None
 
 

@@ -125,11 +125,16 @@ _commands_sent = 0
 """Commands rank 0 broadcast so far; on a follower, the commands it received (the same count)."""
 
 
+def _store():
+    """The launcher's key-value store of the default process group (torchrun's, or MASTER_ADDR's)."""
+    return torch.distributed.distributed_c10d._get_default_store()
+
+
 def _broadcast(command: tuple) -> None:
     global _commands_sent
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         _commands_sent += 1
-        torch.distributed.distributed_c10d._get_default_store().set(COMMAND_KEY.format(_commands_sent), command[0])
+        _store().set(COMMAND_KEY.format(_commands_sent), command[0])
         torch.distributed.broadcast_object_list([command], src=0)
 
 
@@ -138,10 +143,9 @@ def _store_wait(key: str, poll_seconds: float = 30.0) -> None:
     bounded by the collectives' timeout). Raises if the store itself fails (rank 0's launcher gone)."""
     import datetime
 
-    store = torch.distributed.distributed_c10d._get_default_store()
     while True:
         try:
-            store.wait([key], datetime.timedelta(seconds=poll_seconds))
+            _store().wait([key], datetime.timedelta(seconds=poll_seconds))
             return
         except torch.distributed.DistStoreError as exc:  # not yet: rank 0 is busy elsewhere, or idle
             if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
@@ -474,7 +478,7 @@ def _attach(settings: LearnerSettings, spec: RunSpec, model_dir: str, ckpt: str 
 def _tell_followers(key: str, outcome: str) -> None:
     """Rank 0's outcome of something long it did alone (a checkpoint conversion), for `_wait_for_rank0`."""
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.distributed_c10d._get_default_store().set(key, outcome)
+        _store().set(key, outcome)
 
 
 def _wait_for_rank0(key: str) -> str:
@@ -483,7 +487,7 @@ def _wait_for_rank0(key: str) -> str:
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
         return "ok"
     _store_wait(key)
-    return torch.distributed.distributed_c10d._get_default_store().get(key).decode()
+    return _store().get(key).decode()
 
 
 def follow(settings: LearnerSettings) -> int:

@@ -85,8 +85,8 @@ def test_a_needed_node_count_fits_and_one_less_does_not():
     big = ModelShape.from_path(MODEL_32B)
     shape = LearnerShape(gpus=8, nodes=1, zero_stage=3, precision="bf16", activation_checkpointing=True, sequence_tokens=33792)
     usable = 0.9 * 80e9
-    need = memory.needed_nodes(big, shape, usable)
-    assert need is not None and need > 1
+    need, stage = memory.needed_nodes(big, shape, usable)
+    assert need > 1 and stage == 3
     assert memory.plan(big, replace(shape, nodes=need)).fits
     assert not memory.plan(big, replace(shape, nodes=need - 1)).fits
 
