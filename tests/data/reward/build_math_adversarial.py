@@ -46,6 +46,34 @@ add("degrees", "degree list", ["$30^\\circ$ or $150^\\circ$", "30 degrees less"]
 add("thousands", "separator", ["1,5", "12,34", "1,0,0,0"], "1000")
 add("mixed-number", "mixed number", ["$2\\frac{1}{3}$"], "\\frac{2}{3}")
 add("choices", "several letters", ["A or B", "(A) and (C)", "not B"], "B")
+add("ordinal", "ordinal", ["12th or 13th", "not the 12th", "12nd", "12th root", "after the 12th"], "12")
+add("list-label", "names that change the value", ["$\\sqrt{x} = 2, \\sqrt{y} = 3$", "twice: 2, half: 3", "$x^2 = 2, y^2 = 3$",
+                                                  "$f(x) = 2, g(x) = 3$", "minus = 2, minus = 3"], "2, 3")
+add("equals-chain", "chain through another value", ["x = 7 = 5", "x = 4 + 2 = 5", "$\\sqrt{x} = 2 + 3 = 5$", "x = 5 = y = 6"], "5")
+add("equation-solved", "half of the curve", ["\\sqrt{1 - x^2}", "1 - x^2"], "x^2 + y^2 = 1")
+add("equation-solved", "no variable left", ["6", "6x"], "xy = 6")
+add("equation-solved", "two solutions", ["2", "-2"], "x^2 - 4 = 0")
+add("relations", "other comparisons", ["a \\le b \\le c", "c < b < a", "a < b", "a < c < b"], "a < b < c")
+add("conditions-union", "other conditions", ["x < 1 \\text{ or } x \\ge 2", "x < 1 \\text{ or } y > 2", "x < 1 \\text{ or } x = 2",
+                                             "x < 1 \\text{ and } x > 2"], "(-\\infty, 1) \\cup (2, \\infty)")
+add("rule-domain", "rule on part of the domain", ["f(x) = x \\text{ for all } x > 0", "f(x) = x \\text{ for some } x \\in \\mathbb{R}",
+                                                  "f(x) = x \\text{ for all } x \\in \\mathbb{Z} \\text{ except } 0",
+                                                  "f(x) = x \\text{ or } f(x) = 0 \\text{ for all } x \\in \\mathbb{R}"], "f(x) = x")
+add("parameter", "another family", ["\\frac{\\pi}{6} + 2n\\pi", "\\frac{\\pi}{6} + n", "\\frac{\\pi}{6} + n\\pi^2", "\\frac{\\pi}{3} + n\\pi"],
+    "\\frac{\\pi}{6} + k\\pi")
+add("parameter", "declared parameter", ["(3t, 5t + 1) \\text{ for some integer } t", "(3t, 5s) \\text{ for some integer } t",
+                                        "(3t, 5t) \\text{ for some integer } s"], "(3x, 5x)")
+add("plus-minus-point", "signs that do not vary apart", ["(\\pm 1, \\pm 2)", "(\\pm 1, 2)", "(1, \\pm 2)"], "(1, 2), (-1, -2)")
+add("ordered-values", "another order or length", ["(3, 2, 1)", "(x, y, z) = (1, 3, 2)", "(1, 2, 3, 4)"], "1, 2, 3")
+add("ordered-values", "an interval for two values", ["(1, 2)", "[1, 2]"], "1, 2")
+add("word-list", "other words", ["line segment or circle", "not line segment, circle", "line segment, circle, parabola",
+                                 "\\text{line segment and not circle}"], "line segment, circle")
+add("infinity-words", "not infinitely many", ["not infinitely many", "finitely many", "infinitely many or none", "-\\infty"], "infinitely many")
+add("set-minus", "another set", ["\\{x | x < \\frac{3}{2}\\} - \\{-5\\}", "\\{x | x < \\frac{3}{2}\\} - \\{x\\}",
+                                 "\\{x | x < \\frac{3}{2}\\} \\cup \\{-6\\}", "\\{x | x \\le \\frac{3}{2}\\} - \\{-6\\}"],
+    "(-\\infty, -6) \\cup (-6, \\frac{3}{2})")
+add("function-rule", "another variable or rule", ["e^{x}", "x(t) = e^{-t}", "e^{t} + C"], "x(t) = e^{t}")
+add("percent", "near miss of a rounded percentage", ["\\frac{1}{14}", "0.0668", "\\frac{1}{16}"], "6.67\\%")
 
 FORMS = {
     "bare": lambda a: a,

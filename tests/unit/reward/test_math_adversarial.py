@@ -46,6 +46,19 @@ RECALL_TWINS = [  # clean answers next to the attacks: each still correct
     (r"\boxed{AB = 5\sqrt{2}}", r"5\sqrt{2}"), (r"\boxed{(p, q) = (3, 2)}", "(3, 2)"), ("The answer is 42 dollars", "42"),
     ("So x = 5.", "5"), ("Hence 42.", "42"), ("Total: 42", "42"), ("She has 42 apples.", "42"), ("The most likely outcome is 7.", "7"),
     ("It is 6.", "6"), ("The volume is $120$.", "120"), ("Answer $ 9 $", "9"), ("28 percent", "28"),
+    # the recall classes of HardVerify-Math's kind (docs/reward.md), each next to its attacks above
+    (r"\boxed{12^{\mathrm{th}}}", "12"), (r"\boxed{15\text{th}}", "15"), (r"\boxed{T(10)=2, T(11)=4, T(12)=3}", "2, 4, 3"),
+    (r"\boxed{\text{Maximum} = 2, \text{Minimum} = 1}", "1, 2"), (r"\boxed{x = 2 + 3 = 5}", "5"), (r"\boxed{\frac{\sqrt2}{2}}", r"x = y = z = \frac{\sqrt{2}}{2}"),
+    (r"\boxed{\frac{6}{x}}", "xy = 6"), (r"\boxed{-4x^2 + 4x - 2}", "y + 1 = -(2x - 1)^2"), (r"\boxed{b < c}", "c > b"),
+    (r"\boxed{\tan \frac{7}{5}\pi > \sin \frac{2}{5}\pi}", r"\tan \frac{7\pi}{5} > \sin \frac{2\pi}{5}"),
+    (r"\boxed{(4, 8] \cup [10, 12)}", r"4 < m \leq 8 \text{ or } 10 \leq m < 12"), (r"\boxed{(-\infty, -2] \cup \{1\}}", r"a \leqslant -2 \text{ or } a = 1"),
+    (r"\boxed{(1, 3)}", r"x > 1 \text{ and } x < 3"),
+    (r"\boxed{f(x) = 1 \text{ for all } x \in \mathbb{Q}_{>0}}", "f(x)=1"), (r"\boxed{\frac{\pi}{6} + n\pi}", r"x = \frac{\pi}{6} + k\pi"),
+    (r"\boxed{(-32 + 3t, 64 - 5t) \text{ for some integer } t}", "(-32 + 3x, 64 - 5x)"), (r"\boxed{(\pm 1, 0, \pm 2)}", "(1,0,2), (1,0,-2), (-1,0,2), (-1,0,-2)"),
+    (r"\boxed{(x, y, z) = (1, 2, 3)}", "1, 2, 3"), (r"\boxed{\text{line segment and circle}}", "line segment, circle"), (r"\boxed{\infty}", r"\text{infinitely many}"),
+    (r"\boxed{(-\infty, -6) \cup (-6, \frac{3}{2})}", r"\{x | x < \frac{3}{2}\} - \{-6\}"), (r"\boxed{e^{-t} + t}", "x(t) = e^{-t} + t"),
+    (r"\boxed{\frac{1}{15}}", r"6.67\%"), (r"\boxed{\frac{a+b+1}{c}}", r"\frac{1+a+b}c"), (r"\boxed{(2, 3)}", r"\Big\{x | 2 < x < 3\Big\}"),
+    (r"\boxed{2, 3}", "②③"), (r"\boxed{\frac{640}{51}}", "$12.55"),
 ]
 
 

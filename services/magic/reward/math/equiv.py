@@ -39,6 +39,7 @@ parser itself runs with two speed-ups that leave its results unchanged (`fast_la
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import re
 from dataclasses import dataclass, field
@@ -193,6 +194,7 @@ class Item:
     percent: bool = False
     degrees: bool = False
     decimals: int | None = None  # digits after the point when the item is a plain decimal
+    head: str | None = None  # the variable of a function rule ``f(t) = ...``, when written so
 
 
 @dataclass
@@ -203,6 +205,7 @@ class Reading:
     choice: str | None = None
     words: str | None = None
     items: list[Item] = field(default_factory=list)
+    parameter: str | None = None  # a parameter the answer declares (``... for some integer t``)
 
 
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|operatorname|mathbf|textit|emph)\{([^{}]*)\}")
@@ -250,6 +253,8 @@ def _strip_dollar(s: str) -> tuple[str, bool]:
     t = s.strip()
     if t.startswith("\\$"):
         return t[2:].strip(), True
+    if re.match(r"^\$\s*\d[\d.,]*$", t):  # "$12.55": a lone dollar sign is money, not math
+        return t[1:].strip(), True
     if t.endswith("\\$"):
         return t[:-2].strip(), True
     return t, False
@@ -317,8 +322,7 @@ def read_item(raw: str) -> Item:
     else:
         head = None
     item.expr = parse_latex(s)
-    if head and item.expr is not None and head.group(1) != "x":  # f(z) = z is the rule f(x) = x
-        item.expr = item.expr.subs({v: sympy.Symbol("x", **v.assumptions0) for v in item.expr.free_symbols if getattr(v, "name", "") == head.group(1)})
+    item.head = head.group(1) if head else None
     return item
 
 
@@ -428,10 +432,37 @@ def _unwrap_set(s: str) -> tuple[str, bool]:
 
 
 def _expand_pm(s: str) -> list[str]:
-    """``1 \\pm \\sqrt{2}`` names two answers: ``1 + \\sqrt{2}`` and ``1 - \\sqrt{2}``."""
-    if s.count("\\pm") == 1 and "\\mp" not in s:
+    """``1 \\pm \\sqrt{2}`` names two answers: ``1 + \\sqrt{2}`` and ``1 - \\sqrt{2}``; a point
+    with a sign of its own in several coordinates names every combination:
+    ``(\\pm 1, 0, \\pm 2)`` is four points."""
+    signs = s.count("\\pm")
+    if signs == 1 and "\\mp" not in s:
         return [s.replace("\\pm", "+"), s.replace("\\pm", "-")]
+    t = s.strip()
+    if 2 <= signs <= 3 and "\\mp" not in s and t.startswith("(") and t.endswith(")"):
+        coordinates = split_top_level(t[1:-1])
+        if len(coordinates) > 1 and all(c.count("\\pm") <= 1 for c in coordinates):
+            options = [[c.replace("\\pm", "+"), c.replace("\\pm", "-")] if "\\pm" in c else [c] for c in coordinates]
+            return ["(" + ", ".join(combination) + ")" for combination in itertools.product(*options)]
     return [s]
+
+
+_LIST_LABEL = re.compile(r"^\s*(?:\\text\{\s*)?(?P<name>[A-Za-z]{3,}|[A-Za-z]\s*\(\s*-?\d{1,6}\s*\))\s*\}?\s*[=:]\s*(?P<value>[^=:]+)$")
+_LABEL_WORDS = {"max", "min", "maximum", "minimum"}
+
+
+def _list_label(part: str) -> str:
+    """One of several answers, named (``Maximum = 2``, ``Paolo: 18``, ``T(10) = 2``): its value.
+    In a list the names add nothing a policy could use — the bare values match the gold's in
+    any order already — but a name that changes the value (``minus = 5``, ``\\sqrt{x} = 5``)
+    never names it."""
+    m = _LIST_LABEL.match(part)
+    if not m:
+        return part
+    name = m.group("name").lower()
+    if "(" not in name and (name in _MATH_WORDS or name in _VALUE_WORDS) and name not in _LABEL_WORDS:
+        return part
+    return m.group("value").strip()
 
 
 _LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
@@ -447,6 +478,9 @@ _SAFE_LABEL = re.compile(rf"^\s*(?:\(\s*{_VAR}(?:\s*,\s*{_VAR})+\s*\)|{_POINTS}(
 ``V_1:V_2 = 11:21``): variables and points only — not a function of the unknown (``\\sqrt{x} = 5``,
 ``\\ln x = 5``, ``x! = 6``) nor a word whose meaning depends on the question (``perimeter = 12``)."""
 _SUBSCRIPT = re.compile(r"_\{[^{}]*\}|_\w")
+_PRODUCT_LHS = re.compile(r"^\s*(?:[a-z]{2,3}|.*\\(?:sin|cos|tan|cot|sec|csc|log|ln)\b.*)\s*$")
+"""``xy = 6``, ``\\rho\\sin\\theta = \\sqrt3``: a left side that is a product or a function of
+variables, so the answer is an equation, not a named value."""
 
 
 def _strip_var(s: str, labels: bool = False, strict: bool = False) -> str:
@@ -468,11 +502,97 @@ def _strip_var(s: str, labels: bool = False, strict: bool = False) -> str:
         m = _LABEL.match(s)
         if m:
             lhs = _SUBSCRIPT.sub("", m.group("lhs"))
-            named = re.search(r"[A-Za-z]", lhs) and not re.search(r"[\d+\-*^]|\\cdot|\\times", lhs)
+            named = re.search(r"[A-Za-z]", lhs) and not re.search(r"[\d+\-*^]|\\cdot|\\times", lhs) and not _PRODUCT_LHS.match(lhs)
             function = re.match(r"^\s*[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*$", lhs)  # f(x) = 0 is a function, not the number 0
             if named and not function and not _INEQUALITY.search(m.group("rhs")) and (not strict or _SAFE_LABEL.match(m.group("lhs"))):
                 return m.group("rhs").strip()
     return s
+
+
+_RULE_DOMAIN = re.compile(
+    r"\s*,?\s*(?:\\text\{\s*for (?:all|every|any|each)\s*\}\s*[A-Za-z]\s*\\in\s*\\mathbb\{[NZQR]\}(?:_\{[^{}]{1,8}\}|_[0-9+]|\^\{?[+*]\}?)?"
+    r"|\\text\{\s*for (?:all|every|any|each) (?:positive |negative |nonnegative |non-negative |real |natural |rational )?"
+    r"(?:integers?|reals?|real numbers?|numbers?|rationals?|rational numbers?|natural numbers?)\s*\}\s*[A-Za-z]"
+    r"|\\text\{\s*for (?:all|every|any|each) (?:positive |negative |nonnegative |non-negative |real |natural |rational )?"
+    r"(?:integers?|reals?|real numbers?|numbers?|rationals?|rational numbers?|natural numbers?) [A-Za-z]\s*\})\s*"
+)
+"""``f(x) = 1 \\text{ for all } x \\in \\mathbb{Q}_{>0}``: where a function rule holds, stated over a
+whole number set (a rule stated for part of its domain — ``for x > 5`` — is left as written)."""
+_FUNCTION_RULE = re.compile(r"[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*\)?\s*=")
+_DECLARED_PARAMETER = re.compile(
+    r"\s*,?\s*(?:\\text\{\s*(?:for some|for any|for all|where) (?:integer|integers)\s*\}\s*([A-Za-z])"
+    r"|\\text\{\s*(?:for some|for any|for all|where) (?:integer|integers) ([A-Za-z])\s*\}"
+    r"|\\text\{\s*(?:for some|for any|for all|where|with)\s*\}\s*([A-Za-z])\s*\\in\s*\\mathbb\{Z\})\s*$"
+)
+"""``(-32 + 3t, 64 - 5t) \\text{ for some integer } t``: a family of answers and its parameter."""
+_FUNCTION_TUPLE = re.compile(r"^\(\s*((?:[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*,\s*)+[A-Za-z]\s*\(\s*[A-Za-z]\s*\))\s*\)\s*=\s*\((.+)\)$")
+"""``(f(n), g(n)) = (n, 1)``: several function rules at once."""
+_INFINITELY_MANY = {"infinitely many", "infinite", "infinity", "infinitely many solutions"}
+_TEXT_AND = re.compile(r"\\text\{([^{}]*?[A-Za-z])\s+and\s*\}")
+_SET_MINUS = re.compile(r"^(\\\{.+?\\\})\s*(?:-|\\setminus|\\backslash)\s*\\\{([^{}]+)\\\}$")
+MAX_CHAIN = 6
+"""Links of an ``=``-chain read to its last value; a longer chain is left as written (each link is parsed)."""
+_EQUALS_CHAIN = re.compile(rf"^\s*(?:{_VAR}\s*=\s*)+(?P<value>[^=<>]+)$")
+"""``x = y = z = \\frac{\\sqrt2}{2}``: several names for one value."""
+
+
+def _word_list(text: str) -> str | None:
+    """``line segment, circle`` and ``\\text{line segment and circle}``: several word answers, in
+    a canonical order (a list of answers matches in any order); None for anything else."""
+    t = _TEXT_WRAP.sub(r"\1", text).strip()
+    parts = [q for q in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", t) if q]
+    if len(parts) < 2 or len(parts) > MAX_ITEMS:
+        return None
+    words = [_text_answer(q) for q in parts]
+    if any(w is None for w in words):
+        return None
+    return "; ".join(sorted(words))
+
+
+def _chain_value(text: str, strict: bool) -> str:
+    """``x = 5 + 5 + 1 = 11`` -> ``11``: an ``=``-chain read to its last value, when every link
+    before it is a name (for a response, one `_SAFE_LABEL` allows) or equal to that value
+    (``x = 7 = 5`` is no answer); anything else unchanged."""
+    links = [q.strip() for q in split_top_level(text, ("=",))] if "=" in text else []
+    if not 3 <= len(links) <= MAX_CHAIN or any(not q or _INEQUALITY.search(q) for q in links):
+        return text
+    value = read_item(links[-1])
+    if value.expr is None:
+        return text
+    for link in links[:-1]:
+        if re.fullmatch(_VAR, link) and (not strict or _SAFE_LABEL.match(link)):
+            continue
+        item = read_item(link)
+        if item.expr is None or not same_item(item, value):
+            return text
+    return links[-1]
+
+
+def _conditions(parts: list[str], both: bool = False) -> Basic | None:
+    """``4 < m \\le 8 \\text{ or } 10 \\le m < 12``, ``a \\le -2 \\text{ or } a = 1``: one set of
+    reals, the union of what each condition on the one variable allows (with `both`, ``x > 1
+    \\text{ and } x < 3``: what all of them allow); None otherwise."""
+    sets, variables = [], set()
+    for part in parts:
+        point = re.match(r"^\s*([A-Za-z])\s*=\s*([^=<>]+)$", part)
+        expr = read_item(point.group(2) if point else part).expr
+        if expr is None:
+            return None
+        if point:
+            if not _is_number(expr):
+                return None
+            variables.add(point.group(1))
+            sets.append(FiniteSet(expr))
+            continue
+        converted = _as_set(expr)
+        names = _symbol_names(expr)
+        if converted is None or len(names) != 1:
+            return None
+        variables |= names
+        sets.append(converted)
+    if len(variables) != 1:
+        return None
+    return sympy.Intersection(*sets) if both else sympy.Union(*sets)
 
 
 def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
@@ -495,10 +615,36 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
     if clock is not None:
         reading.words = clock
         return reading
+    listed = _word_list(text)
+    if listed is not None:
+        reading.words = listed
+        return reading
     words = _text_answer(text)
+    if words in _INFINITELY_MANY:
+        text, words = "\\infty", None  # "infinitely many" is the count infinity
     if words is not None:
         reading.words = words
         return reading
+    parameter = _DECLARED_PARAMETER.search(text)
+    if parameter:
+        reading.parameter = next(g for g in parameter.groups() if g)
+        text = text[: parameter.start()].strip()
+    if _FUNCTION_RULE.search(text):
+        text = _RULE_DOMAIN.sub(" ", text).strip()
+    rules = _FUNCTION_TUPLE.match(text)
+    if rules:
+        heads, values = split_top_level(rules.group(1)), split_top_level(rules.group(2))
+        if len(heads) == len(values):
+            text = ", ".join(f"{h} = {v}" for h, v in zip(heads, values))
+    text = _TEXT_AND.sub(r"\\text{\1}, ", text)  # "7 \text{ goats and } 4 \text{ toys}": two values
+    text = _chain_value(text, strict)
+    minus = _SET_MINUS.match(text)
+    if minus:
+        whole, removed = read(minus.group(1)), [read_item(q).expr for q in split_top_level(minus.group(2))]
+        if len(whole.items) == 1 and _set_like(whole.items[0].expr) is not None and all(_is_number(e) for e in removed):
+            item = Item(raw=text, expr=sympy.Complement(_set_like(whole.items[0].expr), FiniteSet(*removed)))
+            reading.items = [item]
+            return reading
     builder = _SET_BUILDER.match(text)
     if builder and _INEQUALITY.search(builder.group(2)):
         text = builder.group(2)  # {x | -1 < x < 1} is the interval the condition describes
@@ -512,6 +658,13 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
     if len(parts) > MAX_ITEMS:
         reading.items = [Item(raw=p) for p in parts]  # too many to parse: judged on the count
         return reading
+    joined_by = set(re.findall(r"\b(or|and)\b", body))
+    if len(parts) > 1 and any(_INEQUALITY.search(p) for p in parts) and len(joined_by) == 1:
+        # "x < 1 or x > 2" is one set, "x > 1 and x < 3" another: never two answers
+        allowed = _conditions(parts, both=joined_by == {"and"})
+        if allowed is not None:
+            reading.items = [Item(raw=text, expr=allowed)]
+            return reading
     if len(parts) > 1 and all(_INEQUALITY.search(p) for p in parts):
         parts = [text]  # "x < 1 or x > 2" is one set, not two answers
     if len(parts) > 1:
@@ -520,7 +673,7 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
         if all(names) and len({m.group(1) for m in names}) == len(parts):
             reading.items = [read_item(p) for p in parts]  # keep the assignments
         else:
-            reading.items = [read_item(_strip_var(p, labels=True, strict=strict)) for p in parts]
+            reading.items = [read_item(_strip_var(_list_label(p), labels=True, strict=strict)) for p in parts]
         return reading
     if is_set:
         reading.items = [read_item(body)]
@@ -611,6 +764,8 @@ def same_number(g, p, gold_decimals: int | None = None) -> bool:
     if not gv.is_real or not pv.is_real:
         gre, gim = gv.as_real_imag()
         pre, pim = pv.as_real_imag()
+        if not all(part.is_real is True for part in (gre, gim, pre, pim)):
+            return False  # parts that are not plain reals (an undefined or symbolic value)
         return same_number(gre, pre) and same_number(gim, pim)
     diff = abs(gv - pv)
     scale = max(abs(gv), abs(pv))
@@ -650,7 +805,13 @@ def same_expression(g, p) -> bool:
     """Expressions with variables: the same variables, and equal at random points."""
     if g == p:
         return True
-    if _symbol_names(g) != _symbol_names(p):
+    gn, pn = _symbol_names(g), _symbol_names(p)
+    if gn != pn:
+        only_g, only_p = gn - pn, pn - gn
+        if len(only_g) == 1 == len(only_p):
+            a, b = next(iter(only_g)), next(iter(only_p))
+            if _period_parameter(g, a) and _period_parameter(p, b):  # pi/6 + k pi is pi/6 + n pi
+                return same_expression(g, rename(p, b, a))
         return False
     diff = g - p
     symbols = sorted(diff.free_symbols, key=lambda s: s.name)
@@ -751,6 +912,73 @@ def same_equation(g: Eq, p: Eq) -> bool:
     return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
 
 
+def _is_expression(e) -> bool:
+    return isinstance(e, Basic) and not isinstance(e, (Relational, BooleanAtom, sympy.Set, Tuple, And, Or)) and not isinstance(e, MatrixBase)
+
+
+def solved_for(g: Eq, p) -> bool:
+    """An equation gold answered by an expression: the expression is the value of the one
+    variable of the gold's left side it does not use (``xy = 6`` answered ``6/x`` is ``y = 6/x``),
+    and the gold solved for that variable has exactly that one solution. ``x^2 - 4 = 0`` is
+    not ``2`` (two solutions) and ``a - b = 0`` is not ``0`` (two variables missing)."""
+    p_symbols = _symbol_names(p)
+    missing = [v for v in g.lhs.free_symbols if isinstance(v, Symbol) and v.name not in p_symbols]
+    if len(missing) != 1 or not p_symbols <= _symbol_names(g) or _too_big(g) or _too_big(p):
+        return False
+    try:
+        solutions = sympy.solve(g, missing[0], dict=False)
+    except (NotImplementedError, TypeError, ValueError):
+        return False
+    return len(solutions) == 1 and _is_expression(solutions[0]) and same_value(solutions[0], p)
+
+
+_FLIPPED = {">": "<", ">=": "<="}
+
+
+def _relations(e) -> list[tuple[str, Basic, Basic]] | None:
+    """A comparison or a chain of them (``a > b > c`` parses as ``And``), as (op, left, right)
+    with ``>`` turned into ``<``; None when `e` is anything else."""
+    parts = e.args if isinstance(e, And) else (e,)
+    out = []
+    for r in parts:
+        if not isinstance(r, Relational) or isinstance(r, Eq) or r.rel_op not in ("<", "<=", ">", ">=", "!="):
+            return None
+        op, left, right = r.rel_op, r.lhs, r.rhs
+        if op in _FLIPPED:
+            op, left, right = _FLIPPED[op], right, left
+        out.append((op, left, right))
+    return out
+
+
+def same_relations(g, p) -> bool:
+    """The same comparisons, side by side (each side the same value; ``a > b`` is ``b < a``)."""
+    gr, pr = _relations(g), _relations(p)
+
+    def same(a, b) -> bool:
+        if a[0] != b[0]:
+            return False
+        if a[0] == "!=" and same_value(a[1], b[2]) and same_value(a[2], b[1]):
+            return True
+        return same_value(a[1], b[1]) and same_value(a[2], b[2])
+
+    return match_all(gr, pr, ordered=False, compare=same)
+
+
+def rename(e, old: str, new: str):
+    """`e` with the variable named `old` called `new` (its assumptions kept)."""
+    return e.subs({v: Symbol(new, **v.assumptions0) for v in e.free_symbols if getattr(v, "name", "") == old})
+
+
+def _period_parameter(e, name: str) -> bool:
+    """Does the variable `name` enter `e` only as a whole number of periods (``+ k\\pi``,
+    ``+ 2n\\pi``): the integer parameter of a family of solutions, whatever its letter?"""
+    v = next((s for s in e.free_symbols if getattr(s, "name", "") == name), None)
+    if v is None or not isinstance(e, Basic) or not e.is_polynomial(v) or sympy.degree(e, v) != 1:
+        return False
+    coefficient = (e.coeff(v) / sympy.pi)
+    return coefficient.is_rational is True and coefficient != 0
+
+
 def same_set(g, p) -> bool:
     if isinstance(g, FiniteSet) and isinstance(p, FiniteSet):
         return match_all(list(g.args), list(p.args), ordered=False)
@@ -797,6 +1025,8 @@ def same_value(g, p, gold_decimals: int | None = None) -> bool:
         return same_value(g, pa[1], gold_decimals)
     if isinstance(g, Eq) and isinstance(p, Eq):
         return same_equation(g, p)
+    if isinstance(g, Eq) and _is_expression(p):
+        return solved_for(g, p)  # "y + 1 = -(2x-1)^2" answered "-4x^2 + 4x - 2"
     if isinstance(g, Eq) or isinstance(p, Eq):
         return False  # an equation never collapses to a value
     gq, pq = _as_sequence(g), _as_sequence(p)
@@ -805,6 +1035,8 @@ def same_value(g, p, gold_decimals: int | None = None) -> bool:
     gs, ps = _set_like(g), _set_like(p)
     if gs is not None and ps is not None:
         return same_set(gs, ps)
+    if gs is None and ps is None and _relations(g) and _relations(p):
+        return same_relations(g, p)  # "f(-3/4) >= f(a^2-a+1)", "tan 7pi/5 > sin 2pi/5 > cos 6pi/5"
     if gs is not None or ps is not None or isinstance(g, (Relational, And, Or)) or isinstance(p, (Relational, And, Or)):
         return False
     if isinstance(g, MatrixBase) or isinstance(p, MatrixBase):
@@ -858,6 +1090,8 @@ def same_item(g: Item, p: Item) -> bool:
     ge, pe = g.expr, p.expr
     if ge is None or pe is None:
         return False
+    if g.head and p.head and g.head != p.head:  # f(z) = z is the rule f(x) = x
+        pe = rename(pe, p.head, g.head)
     if g.unit and p.unit:
         if g.unit.dimension != p.unit.dimension:
             return False
@@ -872,8 +1106,8 @@ def same_item(g: Item, p: Item) -> bool:
         # 50% equals 50 and 0.5 (the percent sign may be dropped, or the value written as a fraction)
         if same_value(base.expr, other.expr, g.decimals if g is base else None):
             return True
-        if base is g:
-            return same_value(ge / 100, pe)
+        if base is g:  # 6.67% fixes four decimals of 1/15
+            return same_value(ge / 100, pe, g.decimals + 2 if g.decimals is not None else None)
         return same_value(ge, pe / 100, g.decimals)
     if g.degrees != p.degrees:
         deg, other = (g, p) if g.degrees else (p, g)
@@ -910,6 +1144,9 @@ def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...]) ->
     g, p = read(gold), read(answer, strict=True)  # the gold is the data's; the answer is the policy's
     if g.text == p.text:
         return Judgement(True, "same text")
+    named = _EQUALS_CHAIN.match(g.text)
+    if named and "=" not in p.text and not g.words:
+        g = read(named.group("value"))  # the gold "N = n" names its value n
     if p.choice and not g.choice and p.choice not in (choices or {}):
         p = read(answer, choice=False, strict=True)  # a lone letter is a value here (e, or a variable)
     if g.choice or p.choice:
@@ -922,6 +1159,19 @@ def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...]) ->
         if point is not None:
             ok = same_value(g.items[0].expr, point)
             return Judgement(ok, "the point's coordinates" if ok else "other coordinates")
+    if p.parameter:  # "(3t, 5t) for some integer t" for the gold's "(3x, 5x)"
+        g_names = {n for i in g.items if i.expr is not None for n in _symbol_names(i.expr)}
+        p_names = {n for i in p.items if i.expr is not None for n in _symbol_names(i.expr)}
+        if p.parameter in p_names and len(g_names - p_names) == 1:
+            target = next(iter(g_names - p_names))
+            for i in p.items:
+                i.expr = rename(i.expr, p.parameter, target) if i.expr is not None else None
+    values = _as_sequence(p.items[0].expr) if len(g.items) > 1 and len(p.items) == 1 else None
+    if values is not None and len(values) == len(g.items) and (isinstance(p.items[0].expr, Tuple) or all(i.head for i in g.items)):
+        # "(x, y, z) = (1, 2, 3)" for the list "1, 2, 3", "(2x, 1)" for "P(x) = 2x, Q(x) = 1": in the gold's order
+        if all(i.expr is not None for i in g.items):
+            ok = all(same_item(gi, Item(raw="", expr=pe)) for gi, pe in zip(g.items, values))
+            return Judgement(ok, "the values in order" if ok else "other values")
     if len(g.items) != len(p.items):
         return Judgement(False, f"{len(p.items)} answers given, {len(g.items)} expected")
     if any(i.expr is None for i in g.items):

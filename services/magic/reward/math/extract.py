@@ -293,7 +293,27 @@ _LATEX_NOISE = [
     ("\u22c5", "\\cdot "),  # ⋅
     ("\u00b7", "\\cdot "),  # ·
     ("\u211d", "\\mathbb{R}"),  # ℝ
+    ("\\leqslant", "\\le "),
+    ("\\geqslant", "\\ge "),
+    ("\uff1e", ">"),  # ＞ (full width)
+    ("\uff1c", "<"),  # ＜
 ]
+_SIZING = re.compile(r"\\(?:big|Big|bigg|Bigg)[lrm]?(?![A-Za-z])")
+"""``\\Big\\{``, ``\\bigg(``: the size of a bracket, never its meaning."""
+_TEXT_FUNCTION = re.compile(r"\\(?:text|mathrm|operatorname)\{\s*(sin|cos|tan|cot|sec|csc|ln|log|exp)\s*\}")
+"""``\\text{sin}`` is ``\\sin``."""
+_UNBRACED_FRAC = re.compile(r"\\frac\s*(\{(?:[^{}]|\{[^{}]*\})*\})\s*([A-Za-z0-9])")
+"""``\\frac{1+a}c``: a one-character denominator without braces, as TeX allows."""
+_ORDINAL = re.compile(r"(?<![\w.])(\d+)\s*(?:\^\s*\{\s*(?:\\(?:text|mathrm)\{\s*)?(st|nd|rd|th)\s*\}?\s*\}|\^\s*(st|nd|rd|th)\b|\\(?:text|mathrm)\{\s*(st|nd|rd|th)\s*\}|(st|nd|rd|th)\b)")
+_CIRCLED = {chr(0x2460 + k): str(k + 1) for k in range(20)}  # ① .. ⑳, the numbered statements of a question
+
+
+def _ordinal(m: re.Match) -> str:
+    """``12^{\\mathrm{th}}``, ``15th``, ``2nd``: the number, when the suffix is the number's own."""
+    n = int(m.group(1))
+    suffix = next(g for g in m.groups()[1:] if g)
+    own = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return m.group(1) if suffix == own else m.group(0)
 
 
 def clean_latex(s: str) -> str:
@@ -310,6 +330,12 @@ def clean_latex(s: str) -> str:
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)  # 11,\! 111,\! 100: thousands, however spaced
     for old, new in _LATEX_NOISE:
         s = s.replace(old, new)
+    s = _SIZING.sub("", s)
+    s = _TEXT_FUNCTION.sub(r"\\\1 ", s)
+    s = _UNBRACED_FRAC.sub(r"\\frac\1{\2}", s)
+    s = _ORDINAL.sub(_ordinal, s)
+    if any(c in _CIRCLED for c in s):
+        s = re.sub("[" + "".join(_CIRCLED) + "]+", lambda m: ", ".join(_CIRCLED[c] for c in m.group(0)), s)
     s = s.replace("\x00", "\\\\")
     s = s.strip().rstrip(".").strip()
     while s[:1] == "$" and s[-1:] == "$" and len(s) >= 2:

@@ -25,6 +25,7 @@ per response from any thread by killing the worker process that overruns.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -49,7 +50,11 @@ def get_verifier(name: str) -> MathVerifier:
     return VERIFIERS.lookup(name)
 
 
-RECALL_RULES = ("unmarked", "unit-drop", "label", "percent", "degrees", "thousands", "mixed-number", "choices")
+RECALL_RULES = (
+    "unmarked", "unit-drop", "label", "percent", "degrees", "thousands", "mixed-number", "choices",
+    "ordinal", "list-label", "equals-chain", "equation-solved", "relations", "conditions-union", "rule-domain",
+    "parameter", "plus-minus-point", "ordered-values", "word-list", "infinity-words", "set-minus", "function-rule",
+)
 """The rules by which the "magic" verifier accepts an answer that is not the gold's own text: a
 short response read without a box or statement (`extract.unmarked_answer`), a unit dropped where
 the gold has none, a name before ``=`` read as a label, percent signs, degree marks, thousands
@@ -120,7 +125,46 @@ def gold_answers(gold: str) -> list[str]:
             listed = None
         if isinstance(listed, list) and 0 < len(listed) <= MAX_GOLDS and all(isinstance(f, str) for f in listed):
             forms = listed
-    return [_boxed_gold(f) for f in forms]
+    golds = []
+    for form in forms:  # the gold as written, and as repaired where the data mangled it
+        for g in (_boxed_gold(form), repair_gold(_boxed_gold(form))):
+            if g not in golds:
+                golds.append(g)
+    return golds
+
+
+_CONTROL_ESCAPES = {"\x07": "\\a", "\x08": "\\b", "\x0c": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\x0b": "\\v"}
+_ESCAPED_COMMAND = re.compile(
+    "\\\\?(?:\x07(?=lpha|pprox|ngle)|\x08(?=eta|oxed|ar\\b|egin|inom|ig)|\x0c(?=rac)|\n(?=eq|ot\\b|abla|u\\b|e\\b|eg\\b)"
+    "|\r(?=ho\\b|ight|m\\b|angle)|\t(?=ext|imes|an\\b|heta|au\\b|frac|o\\b|riangle|ilde)|\x0b(?=ec\\b|arphi|ee\\b|dots))"
+)
+"""A control character that was the backslash of one of these commands (``\\f`` + ``rac``)."""
+_DOUBLED_COMMAND = re.compile(r"(?<!\\)\\\\(?=(?:frac|dfrac|sqrt|pi|sin|cos|tan|ln|log|cdot|times|infty|left|right|big|Big|bigg|Bigg|text)\b)")
+"""A command written with two backslashes (``\\\\frac``), outside a matrix (where ``\\\\`` ends a row)."""
+
+
+def repair_gold(gold: str) -> str:
+    """A ground truth as its author wrote it, where the dataset mangled it (gold only: a
+    response is judged as the policy wrote it):
+
+    * a LaTeX command whose backslash became a control character when the data went through a
+      JSON or Python string (``\\frac`` written ``"\\frac"`` reads as a form feed and ``rac``);
+    * commands with doubled backslashes (``\\\\frac``) — a row break is never followed by a letter
+      in an answer;
+    * math delimiters inside the answer (``$f(x)=-1$,$f(x)=x+1$``), when they pair up (a lone
+      ``$`` is a currency sign);
+    * a stray full stop before the closing bracket (``(-\\frac12, \\sqrt2.]``).
+
+    >>> repair_gold("[\x0crac{1}{2}, 1)"), repair_gold("$f(x)=-1$,$f(x)=x+1$"), repair_gold("$12.55")
+    ('[\\\\frac{1}{2}, 1)', 'f(x)=-1,f(x)=x+1', '$12.55')
+    """
+    s = _ESCAPED_COMMAND.sub(lambda m: _CONTROL_ESCAPES[m.group(0)[-1]], gold)  # "\\" + "\f" too
+    if "\\begin" not in s:
+        s = _DOUBLED_COMMAND.sub(lambda m: "\\", s)
+    dollars = [k for k, c in enumerate(s) if c == "$" and (k == 0 or s[k - 1] != "\\")]
+    if len(dollars) >= 2 and len(dollars) % 2 == 0:
+        s = "".join(c for k, c in enumerate(s) if k not in set(dollars))
+    return re.sub(r"\.\s*([\])])\s*$", r"\1", s.strip())
 
 
 def _boxed_gold(form: str) -> str:
