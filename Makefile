@@ -21,7 +21,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
 # Debian packages the tests need beyond Python: prometheus (tests/deploy/test_prometheus.py),
-# bubblewrap (the code sandbox, services/magic/reward/sandbox/confine.py), podman, mmdebstrap and
+# bubblewrap (the code sandbox, services/magic/codejudge/sandbox/confine.py), podman, mmdebstrap and
 # uidmap (tests/deploy/test_images.py builds the images: docker/check_images.py), python3-venv (Debian's
 # python3.11 in a virtualenv for tests/integration/test_reward_userns.py).
 # Installed non-interactively when missing (as root, or through sudo), skipped when present.

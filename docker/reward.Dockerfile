@@ -18,7 +18,7 @@ WORKDIR /src
 # and at the versions CI tests (docker/constraints.txt): a change to the sources reuses this layer
 COPY pyproject.toml ./
 COPY docker/constraints.txt docker/check_versions.py ./
-RUN /opt/magic/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies']['reward']))" \
+RUN /opt/magic/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(p['dependencies'] + p['optional-dependencies']['reward'] + p['optional-dependencies']['codejudge']))" \
  && /opt/magic/bin/pip install -r requirements.txt -c constraints.txt
 COPY README.md ./
 COPY proto ./proto

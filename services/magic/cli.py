@@ -2,7 +2,7 @@
 
 Services and the local loop:
 
-    magic serve {controller,rollout,reward,learner}   run one service (settings from MAGIC_* env)
+    magic serve {controller,rollout,reward,codejudge,learner}   run one service (settings from MAGIC_* env)
     magic demo prepare [--out DIR]                    build the tiny model + data (cached)
     magic local [options]                             the whole loop on this machine
 
@@ -51,7 +51,7 @@ from magic.local.options import add_arguments
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.runtime.exits import Exit, exit_codes_help, exit_for_status
 
-SERVICES = ("controller", "rollout", "reward", "learner")
+SERVICES = ("controller", "rollout", "reward", "codejudge", "learner")
 
 
 def _version() -> str:
@@ -286,7 +286,9 @@ def serve_service(name: str) -> int:
     elif name == "rollout":
         from magic.rollout.worker import run  # torch
     elif name == "reward":
-        from magic.reward.worker import run  # sympy, the sandbox
+        from magic.reward.worker import run  # sympy
+    elif name == "codejudge":
+        from magic.codejudge.service import run  # the sandbox
     else:
         from magic.learner.worker import run  # torch
     return run()

@@ -17,7 +17,7 @@ from vllm_venv import VLLM_PYTHON, require_vllm
 from magic.observability.metrics import REWARD_JUDGE
 from magic.reward.scoring import Sample, Scorer
 from magic.reward.settings import RewardSettings
-from magic.reward.verdict import Status
+from magic.protocol.verdict import Status
 from magic.rollout.vllm_server import VllmServer, VllmServerConfig, free_port
 
 pytestmark = pytest.mark.integration

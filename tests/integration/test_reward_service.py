@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import httpx
 import pytest
 from pydantic import SecretStr
+from codejudge_process import TOKEN as JUDGE_TOKEN
+from codejudge_process import code_judge
 from waiting import answers, wait_for
 
 from magic.config.schema import PenaltySettings
@@ -18,7 +21,7 @@ from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI, serve_score
 from magic.reward.scoring import Scorer
-from magic.reward.settings import MathRewardSettings, RewardSettings, SandboxSettings
+from magic.reward.settings import CodeJudgeClientSettings, MathRewardSettings, RewardSettings
 from magic.reward.worker import RewardWorker
 from magic.store.channels import RunChannels
 from magic.store.steps import StepStore
@@ -33,20 +36,27 @@ DOUBLE = "```python\nprint(int(input()) * 2)\n```"
 SANDBOX = dict(root="/tmp/magic-sandbox-test", uid_base=62100, uid_count=50, slots=1, test_timeout_seconds=2, memory_mb=256, processes=8)
 
 
-def reward_settings(**kw) -> RewardSettings:
+@pytest.fixture(scope="module")
+def judge_url(tmp_path_factory):
+    """A code judge process: the reward service sends it every code answer."""
+    with code_judge(tmp_path_factory.mktemp("codejudge"), **SANDBOX) as (url, _, _):
+        yield url
+
+
+def reward_settings(judge_url: str, **kw) -> RewardSettings:
     return RewardSettings(
         worker_name="reward-test",
         math=MathRewardSettings(workers=1, timeout_seconds=3),
-        sandbox=SandboxSettings(**SANDBOX),
+        code_judge=CodeJudgeClientSettings(url=judge_url, api_token=JUDGE_TOKEN, wait_seconds=5),
         penalties=PenaltySettings(overlong_buffer_tokens=10, overlong_max=0.5),
         **kw,
     )
 
 
 @pytest.fixture(scope="module")
-def scorer():
-    with Scorer(reward_settings()) as s:
-        s.warm_up(sandbox=True)
+def scorer(judge_url):
+    with Scorer(reward_settings(judge_url)) as s:
+        s.warm_up()
         yield s
 
 
@@ -91,7 +101,7 @@ def test_the_worker_scores_groups_and_a_bad_sample_never_fails_its_group(r, scor
     r.xadd(K.rollouts, {b"type": b"RolloutGroup", b"pb": b"\xff\xfe not a protobuf"})  # poison
     published.add(group("0:9", "math", "4", ["\\boxed{4}"]))  # decodes, but the controller never published it
 
-    worker = RewardWorker(RunChannels(r, RUN, "reward", "reward-test"), reward_settings(), scorer)
+    worker = RewardWorker(RunChannels(r, RUN, "reward", "reward-test"), scorer.settings, scorer)
     deadline = time.monotonic() + 60
     while (len(Stream(r, K.scored)) < 5 or len(Stream(r, K.dead_of("reward"))) < 3) and time.monotonic() < deadline:
         worker.poll()
@@ -196,63 +206,59 @@ def test_http_probes_and_metrics(api_url, metrics_url):
     assert httpx.get(f"{metrics_url}/livez").status_code == 200
     assert httpx.get(f"{metrics_url}/readyz").status_code == 200
     text = httpx.get(f"{metrics_url}/metrics").text
-    for series in ('magic_reward_verdicts_total{kind="math",verdict="correct"}', 'magic_reward_latency_seconds_bucket{kind="code"', "magic_sandbox_kills_total", "magic_reward_timeouts_total", "magic_reward_inflight"):
+    for series in ('magic_reward_verdicts_total{kind="math",verdict="correct"}', 'magic_reward_latency_seconds_bucket{kind="code"', "magic_reward_timeouts_total", "magic_reward_inflight"):
         assert series in text, series
 
 
-def test_a_helper_started_from_a_thread_that_ended_still_runs_tests():
-    """bwrap --die-with-parent fires when the thread that started the helper exits: the service
-    warms its sandbox up in a short-lived thread, and its first programs got verdict ERROR."""
-    import threading
-
-    from magic.reward.sandbox.runner import Program, Sandbox
-
-    with Sandbox(SandboxSettings(**dict(SANDBOX, uid_base=62200))) as sandbox:
-        warm = threading.Thread(target=sandbox.warm_up)
-        warm.start()
-        warm.join()
-        time.sleep(0.5)  # the helper would be gone by now
-        helper = sandbox._slots[0].proc
-        result = sandbox.run(Program("stdin_stdout", "print(int(input()) * 2)"), [{"input": "2\n"}], lambda test, run: run.stdout == "4\n")
-        assert result.error is None and result.passed, result
-        assert sandbox._slots[0].proc is helper  # the same helper: it was never restarted
-
-
-def test_the_service_process_stays_healthy_after_hostile_programs(redis_server, tmp_path):
+def test_the_service_process_stays_healthy_after_hostile_programs_and_waits_out_a_restarted_judge(redis_server, tmp_path):
+    """The reward service and the code judge as processes: hostile programs are judged wrong and
+    both stay up; a judge killed and started again while a sample waits costs that sample a delay,
+    not a wrong verdict."""
     from magic.local.redis_server import free_port
     from magic.local.supervisor import Supervisor
 
     port, score_port = free_port(), free_port()
-    env = {
-        "MAGIC_REDIS_URL": redis_server.url,
-        "MAGIC_METRICS_PORT": str(port),
-        "MAGIC_SCORE_PORT": str(score_port),
-        "MAGIC_MATH__WORKERS": "1",
-        "MAGIC_MATH__TIMEOUT_SECONDS": "2",
-        **{f"MAGIC_SANDBOX__{k.upper()}": str(v) for k, v in SANDBOX.items()},
-        "MAGIC_SANDBOX__UID_BASE": "62150",
-        "MAGIC_API_TOKEN": TOKEN,
-    }
-    sup = Supervisor(tmp_path / "logs", env)
-    sup.start("reward-0", "magic.reward")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: answers(f"{url}/readyz"), 60, "the reward service's /readyz", sup=sup)
-        hostile = [
-            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-            "x = []\nwhile True:\n    x.append(bytearray(10**8))",
-            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)",
-            f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
-        ]
-        samples = [{"data_source": "code", "response": f"```python\n{code}\n```", "ground_truth": STDIN_GT} for code in hostile]
-        samples.append({"data_source": "math", "response": "\\boxed{10^{10^{10^{10}}}}", "ground_truth": "4"})
-        resp = httpx.post(f"http://127.0.0.1:{score_port}/v1/score", json={"samples": samples}, headers=AUTH, timeout=120)
-        assert resp.status_code == 200, resp.text
-        assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5, resp.json()
-        assert sup.first_exit() is None
-        assert httpx.get(f"{url}/livez").status_code == 200
-        ok = httpx.post(f"http://127.0.0.1:{score_port}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]}, headers=AUTH, timeout=60)
-        assert ok.json()["scores"][0]["verdict"] == "correct"
-    finally:
-        sup.stop_all()
+    with code_judge(tmp_path / "judge", **dict(SANDBOX, uid_base=62150)) as (judge, judge_metrics, judge_sup):
+        env = {
+            "MAGIC_REDIS_URL": redis_server.url,
+            "MAGIC_METRICS_PORT": str(port),
+            "MAGIC_SCORE_PORT": str(score_port),
+            "MAGIC_MATH__WORKERS": "1",
+            "MAGIC_MATH__TIMEOUT_SECONDS": "2",
+            "MAGIC_CODE_JUDGE__URL": judge,
+            "MAGIC_CODE_JUDGE__API_TOKEN": JUDGE_TOKEN,
+            "MAGIC_CODE_JUDGE__WAIT_SECONDS": "120",
+            "MAGIC_API_TOKEN": TOKEN,
+        }
+        sup = Supervisor(tmp_path / "logs", env)
+        sup.start("reward-0", "magic.reward")
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: answers(f"{url}/readyz"), 60, "the reward service's /readyz", sup=sup)
+            hostile = [
+                "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                "x = []\nwhile True:\n    x.append(bytearray(10**8))",
+                "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)",
+                f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
+            ]
+            samples = [{"data_source": "code", "response": f"```python\n{code}\n```", "ground_truth": STDIN_GT} for code in hostile]
+            samples.append({"data_source": "math", "response": "\\boxed{10^{10^{10^{10}}}}", "ground_truth": "4"})
+            resp = httpx.post(f"http://127.0.0.1:{score_port}/v1/score", json={"samples": samples}, headers=AUTH, timeout=120)
+            assert resp.status_code == 200, resp.text
+            assert [s["verdict"] for s in resp.json()["scores"]] == ["wrong"] * 5, resp.json()
+            assert sup.first_exit() is None and judge_sup.first_exit() is None
+            assert httpx.get(f"{url}/livez").status_code == 200 and answers(f"{judge_metrics}/readyz")
+
+            judge_sup.kill("codejudge")  # the judge is gone; a sample arrives; the judge comes back
+            pending = {}
+            asking = threading.Thread(target=lambda: pending.update(r=httpx.post(
+                f"http://127.0.0.1:{score_port}/v1/score", json={"samples": [{"data_source": "code", "response": DOUBLE, "ground_truth": STDIN_GT}]},
+                headers=AUTH, timeout=180)))
+            asking.start()
+            time.sleep(2)
+            judge_sup.start("codejudge", "magic.codejudge")
+            asking.join(180)
+            assert pending["r"].json()["scores"][0]["verdict"] == "correct", pending["r"].json()
+        finally:
+            sup.stop_all()
     assert "Traceback" not in sup.get("reward-0").log_tail(200)

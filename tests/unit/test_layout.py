@@ -2,11 +2,11 @@
 
 * Redis is reached only through the storage layer (`magic.store`): no other module imports
   redis or builds run keys;
-* the four services never import each other, and nothing imports the CLI (`magic.cli`);
+* the five services never import each other, and nothing imports the CLI (`magic.cli`);
 * no import cycle, counting imports made inside functions;
 * a project module imported inside a function says why (a heavy dependency deferred);
 * each service's process imports only what its dependency extra installs (the controller and
-  the reward service carry no torch).
+  the reward service and the code judge carry no torch).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "services" / "magic"
-SERVICES = ("controller", "rollout", "reward", "learner")
+SERVICES = ("controller", "rollout", "reward", "codejudge", "learner")
 
 
 def module_name(path: Path) -> str:
@@ -190,7 +190,7 @@ def loaded(code: str) -> set[str]:
     return set(json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout))
 
 
-ENTRY = {"controller": "magic.controller.app", "rollout": "magic.rollout.worker", "reward": "magic.reward.worker", "learner": "magic.learner.worker", None: "magic.cli"}
+ENTRY = {"controller": "magic.controller.app", "rollout": "magic.rollout.worker", "reward": "magic.reward.worker", "codejudge": "magic.codejudge.service", "learner": "magic.learner.worker", None: "magic.cli"}
 
 
 @pytest.mark.parametrize("service", [*SERVICES, None], ids=[*SERVICES, "cli"])
@@ -203,5 +203,5 @@ def test_a_service_imports_only_what_its_extra_installs(service):
     third_party = set(packages_distributions()) - {"magic"}
     missing = sorted((service_loads - by_dependencies) & third_party - modules_of(closure))
     assert missing == [], f"{ENTRY[service]} imports modules its extra does not install: {missing}"
-    if service in ("controller", "reward", None):
+    if service in ("controller", "reward", "codejudge", None):
         assert "torch" not in service_loads

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from magic.runtime import faults
 
 
-def _default_worker_name() -> str:
+def default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -86,7 +86,7 @@ class ServiceSettings(MagicSettings):
     (MAGIC_REDIS_PASSWORD_FILE, how the Helm chart passes it), the URL itself holds no secret."""
     data_dir: Path = Path(".magic/data")
     """Shared volume: published weights, checkpoints and per-run logs live under it."""
-    worker_name: str = Field(default_factory=_default_worker_name)
+    worker_name: str = Field(default_factory=default_worker_name)
     """This process's name as a stream consumer and in heartbeats (the pod name on Kubernetes)."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Port for /metrics, /livez and /readyz; unset disables the endpoint (0 picks a free port)."""

@@ -171,6 +171,7 @@ REWARD_INFLIGHT = FigureGauge("magic_reward_inflight", "Responses being verified
 REWARD_JUDGE = Counter(
     "magic_reward_judge", "Math answers the rules rejected that the optional LLM judge was asked about, by outcome (accepted, rejected, undecided, failed)", ["outcome"]
 )
+CODE_JUDGE_VERDICTS = Counter("magic_code_judge_verdicts", "Programs the code judge ran, by verdict", ["verdict"])
 SANDBOX_KILLS = Counter(
     "magic_sandbox_kills",
     "Processes the sandbox killed: reason=test_timeout (a test over its limit), memory_limit (all its processes together), leftover_processes (alive after a test: daemons, fork bombs), total_timeout",
@@ -202,7 +203,8 @@ OWNERS: dict[str, tuple[MetricWrapperBase, ...]] = {
         ROLLOUT_STALE_GROUPS,
         WEIGHT_LOAD_SECONDS,
     ),
-    "reward": (REWARD_LATENCY, REWARD_VERDICTS, REWARD_TIMEOUTS, REWARD_PENALTIES, REWARD_INFLIGHT, SANDBOX_KILLS, REWARD_JUDGE),
+    "reward": (REWARD_LATENCY, REWARD_VERDICTS, REWARD_TIMEOUTS, REWARD_PENALTIES, REWARD_INFLIGHT, REWARD_JUDGE),
+    "codejudge": (CODE_JUDGE_VERDICTS, SANDBOX_KILLS),
 }
 """The series each service computes. DEAD_LETTERS and ERRORS belong to every service (any stream
 consumer dead-letters; every worker counts its errors); a metric added above without an owner

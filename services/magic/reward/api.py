@@ -22,7 +22,6 @@ A sample that cannot be judged is still answered, with verdict ``error`` and the
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from collections.abc import Mapping
@@ -109,24 +108,12 @@ class ScoreAPI:
 
 
 def authorize(header: str | None, token: SecretStr | None) -> tuple[int, bytes, str] | None:
-    """None when `header` carries the bearer `token`; else the refusal (403 when no token is set).
-
-    >>> t = SecretStr("s" * 16)
-    >>> authorize("Bearer " + "s" * 16, t) is None, authorize(None, t)[0], authorize("Bearer x", t)[0], authorize("Bearer x", None)[0]
-    (True, 401, 401, 403)
-    """
-    if token is None:
-        return _error(403, "POST /v1/score is disabled: this reward service has no MAGIC_API_TOKEN (it runs submitted code)")
-    scheme, _, given = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return _error(401, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)")
-    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
-        return _error(401, "wrong bearer token")
-    return None
+    """None when `header` carries the bearer `token`; else the refusal (403 when no token is set)."""
+    return httpserver.authorize(header, token, "POST /v1/score")
 
 
 def _error(status: int, message: str) -> tuple[int, bytes, str]:
-    return status, json.dumps({"error": message}).encode(), JSON
+    return httpserver.error(status, message)
 
 
 def serve_score(

@@ -3,10 +3,10 @@
     with Scorer(RewardSettings()) as scorer:
         scores = scorer.score_many([Sample("math", response, "42")])   # -> list[pb.Score]
 
-`Scorer` owns the two pools the verifiers need — `TimeboxedPool` processes for math (a hard
-wall-clock bound per response, from any thread) and the code `Sandbox` (started on the first
-code sample, so math-only runs never need its privileges) — and is safe to share between the
-stream worker and the HTTP endpoint. A sample never raises: whatever goes wrong becomes its
+`Scorer` owns what the verifiers need — `TimeboxedPool` processes for math (a hard wall-clock
+bound per response, from any thread) and the client of the code judge (`magic.reward.code`: code
+runs only in that service's sandbox, never here) — and is safe to share between the stream worker
+and the HTTP endpoint. A sample never raises: whatever goes wrong becomes its
 verdict (``error`` when the fault is not the response's), so one bad sample never fails the
 batch around it.
 
@@ -24,14 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from magic.config.schema import PenaltySettings
-from magic.observability.metrics import REWARD_INFLIGHT, REWARD_JUDGE, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS, SANDBOX_KILLS
+from magic.observability.metrics import REWARD_INFLIGHT, REWARD_JUDGE, REWARD_LATENCY, REWARD_PENALTIES, REWARD_TIMEOUTS, REWARD_VERDICTS
 from magic.protocol.pb import messages_pb2 as pb
+from magic.protocol.verdict import Status, Verdict
+from magic.reward.code import CodeJudgeClient
 from magic.reward.math import verifier as math_verifier
 from magic.reward.math.judge import JudgeFailed, LlmJudge
 from magic.reward.penalties import PenaltyInput, compute_penalties
 from magic.reward.settings import RewardSettings
 from magic.reward.timeboxed import TimeboxedPool
-from magic.reward.verdict import Status, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,10 @@ class Scorer:
             on_kill=lambda: REWARD_TIMEOUTS.labels(kind="math").inc(),
         )
         self.judge = LlmJudge(settings.math.judge) if settings.math.judge.enabled else None
-        self._sandbox = None
-        self._code = None
-        self._lock = threading.Lock()
+        self.code = CodeJudgeClient(settings.code_judge)
         self._ready = threading.Event()
         self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=settings.math.workers + settings.sandbox.slots, thread_name_prefix="score")
+        self._executor = ThreadPoolExecutor(max_workers=settings.math.workers + settings.code_concurrency, thread_name_prefix="score")
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -99,19 +98,6 @@ class Scorer:
         ds = data_source.lower()
         return "code" if any(fnmatch.fnmatchcase(ds, p) for p in self._code_patterns) else "math"
 
-    def code_verifier(self):
-        """The code verifier, starting the sandbox on first use."""
-        with self._lock:
-            if self._code is None:
-                # on first use: the sandbox registers a fork handler when imported, and the math
-                # verifier's worker processes (which import this module) never run code
-                from magic.reward.code.verifier import CodeVerifier
-                from magic.reward.sandbox.runner import Sandbox
-
-                self._sandbox = Sandbox(self.settings.sandbox, on_kill=lambda reason, n: SANDBOX_KILLS.labels(reason=reason).inc(n))
-                self._code = CodeVerifier(self._sandbox)
-            return self._code
-
     # -- scoring ---------------------------------------------------------------------------
 
     def verdict(self, sample: Sample) -> tuple[str, Verdict]:
@@ -120,7 +106,7 @@ class Scorer:
         REWARD_INFLIGHT.labels(kind=kind).inc()
         try:
             if kind == "code":
-                return kind, self.code_verifier().verify(sample.response, sample.ground_truth)
+                return kind, self.code.verify(sample.response, sample.ground_truth)
             return kind, self._verify_math(sample)
         except Exception as exc:  # noqa: BLE001 — a verifier failure is this sample's verdict
             # (math runs in worker processes, so this is never a sympy object's message)
@@ -184,17 +170,13 @@ class Scorer:
             return [self.score(samples[0])]
         return list(self._executor.map(self.score, samples))
 
-    def warm_up(self, sandbox: bool = False) -> None:
-        """Verify a trivial answer (and run a trivial program when `sandbox`), so the first real
-        sample pays no start-up cost and a misconfiguration shows at start; then `ready()`."""
+    def warm_up(self) -> None:
+        """Verify a trivial answer, so the first real sample pays no start-up cost and a
+        misconfiguration shows at start; then `ready()`. (The code judge checks its own sandbox:
+        its readiness is its own.)"""
         v = self._verify_math(Sample("math", "\\boxed{1}", "1"))
         if not v.correct:
             raise RuntimeError(f"the math verifier failed its self-check: {v.status.value} ({v.details})")
-        if sandbox:
-            code = Sample("code", "```python\nprint(int(input()) + 1)\n```", '{"type": "stdin_stdout", "inputs": ["1"], "outputs": ["2"]}')
-            v = self.code_verifier().verify(code.response, code.ground_truth)
-            if not v.correct:
-                raise RuntimeError(f"the code sandbox failed its self-check: {v.status.value} ({v.details})")
         self._ready.set()
 
     def ready(self) -> bool:
@@ -207,11 +189,7 @@ class Scorer:
         self.math_pool.close()
         if self.judge is not None:
             self.judge.close()
-        with self._lock:
-            if self._sandbox is not None:
-                self._sandbox.close()
-                self._sandbox = None
-                self._code = None
+        self.code.close()
 
     def __enter__(self) -> "Scorer":
         return self

@@ -1,5 +1,5 @@
 """Settings of the reward service (env `MAGIC_*`; nested groups with a double underscore:
-`MAGIC_MATH__TIMEOUT_SECONDS=3`, `MAGIC_SANDBOX__MEMORY_MB=2048`). Only the reward service and the
+`MAGIC_MATH__TIMEOUT_SECONDS=3`, `MAGIC_CODE_JUDGE__URL=http://...`). Only the reward service and the
 tools that score like it (`magic local`'s evaluation, the reward benchmarks) read them; the
 settings every process shares are `ServiceSettings` in `magic.config.schema`."""
 
@@ -67,70 +67,41 @@ class MathRewardSettings(BaseModel):
     """The optional LLM judge, asked only when the rules reject an answer."""
 
 
-class SandboxSettings(BaseModel):
-    """The code sandbox (`magic.reward.sandbox.runner`). Env: ``MAGIC_SANDBOX__<FIELD>``."""
+class CodeJudgeClientSettings(BaseModel):
+    """Where code answers are judged: the code judge service (`magic.codejudge`), a process of its
+    own that runs the programs in its sandbox. Env: ``MAGIC_CODE_JUDGE__<FIELD>``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    """Judge code answers. The sandbox needs the service to run as root with CAP_SYS_ADMIN (the
-    chart's reward pod under Pod Security "privileged"); where it cannot start, the service
-    refuses to judge code (verdict `error`) rather than run untrusted programs less confined.
-    false turns code judging off on purpose (math-only deployments)."""
-    slots: int = Field(default_factory=_cpu_count, ge=1, le=256)
-    """Programs run at once; each slot has its own uid, scratch space and helper process."""
-    cpu_cores: float = Field(default=1.0, gt=0, le=256)
-    """CPU one slot's programs may use together: a test whose processes (every process of the
-    slot's uid, forked or `setsid`) used more than `cpu_cores` x its elapsed time + 1 s of CPU
-    is stopped (`cpu_limit`), so one sample cannot starve the others."""
-    uid_base: int = Field(default=61000, ge=1000, le=2**31 - 2)
-    """First uid (and gid) of the range the slots' users come from; no other process may use it."""
-    uid_count: int = Field(default=256, ge=1, le=65536)
-    """Size of that range; slots of several reward processes on one host share it through lock files."""
-    root: Path = Path("/tmp/magic-sandbox")
-    """Directory for lock files and the helper's private copy (created root-owned, mode 0711)."""
-    test_timeout_seconds: float = Field(default=6.0, gt=0, le=600)
-    """Wall-clock limit of one test (LiveCodeBench and Skywork-OR1 use 6 s); a test's own
-    `time_limit_seconds` in the ground truth overrides it."""
-    total_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
-    """Wall-clock limit of all tests of one response together."""
-    memory_mb: int = Field(default=1024, ge=64)
-    """Address-space limit of each process of the program (RLIMIT_AS)."""
-    total_memory_mb: int = Field(default=2048, ge=64)
-    """Memory of all the program's processes together, counted as the kernel charges it:
-    resident memory of the slot's processes plus what its tmpfs hold; the test is stopped past
-    it (checked every 50 ms)."""
-    processes: int = Field(default=32, ge=1, le=4096)
-    """Processes and threads the program may have at once (RLIMIT_NPROC of the slot's uid)."""
-    file_mb: int = Field(default=64, ge=1)
-    """Largest file the program may write (RLIMIT_FSIZE)."""
-    disk_mb: int = Field(default=128, ge=1)
-    """Size of each of the slot's private tmpfs, /tmp and /dev/shm (counted as the program's
-    memory too)."""
-    open_files: int = Field(default=256, ge=16, le=65536)
-    """Open file descriptors per process (RLIMIT_NOFILE)."""
-    max_output_mb: float = Field(default=8.0, gt=0, le=1024)
-    """Output (stdout, or reported values) kept per test; a test that writes more fails."""
-
+    url: str = ""
+    """Base URL of the code judge (``http://magic-codejudge:9600``; the chart sets it). Empty:
+    no code judge — code samples are judged ``error`` (math-only deployments)."""
+    api_token: SecretStr | None = None
+    """Bearer token the code judge requires (its ``MAGIC_API_TOKEN``); the chart mounts the same Secret."""
+    timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    """One response's bound, waiting for the judge's verdict (its own limits stop a program sooner)."""
+    wait_seconds: float = Field(default=300.0, ge=0, le=3600)
+    """How long a sample waits for an unreachable or not-yet-ready judge (restarting, rolled out)
+    before it is judged ``error``: an outage of the judge is not the response's fault."""
 
 
 class RewardSettings(ServiceSettings):
     """The reward service. Nested groups are set with a double underscore:
-    ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_SANDBOX__MEMORY_MB=2048``."""
+    ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_CODE_JUDGE__URL=http://...``."""
 
     model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
     secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token")
 
     math: MathRewardSettings = Field(default_factory=MathRewardSettings)
     """The math verifier."""
-    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
-    """The code sandbox."""
+    code_judge: CodeJudgeClientSettings = Field(default_factory=CodeJudgeClientSettings)
+    """The code judge that runs code answers."""
     penalties: PenaltySettings = Field(default_factory=PenaltySettings)
     """Optional penalties."""
     code_data_sources: list[str] = Field(
         default_factory=lambda: ["code", "code/*", "*livecodebench*", "*humaneval*", "*mbpp*", "*taco*", "*apps*", "*codecontests*", "*leetcode*", "*code-*", "*-code*"]
     )
-    """`data_source` patterns (fnmatch, case-insensitive) judged by the code sandbox; every other
+    """`data_source` patterns (fnmatch, case-insensitive) judged by the code judge; every other
     data source is judged as a math answer."""
     api_token: SecretStr | None = Field(default=None, min_length=16)
     """Bearer token POST /v1/score requires (env MAGIC_API_TOKEN or MAGIC_API_TOKEN_FILE, the
@@ -141,5 +112,7 @@ class RewardSettings(ServiceSettings):
     /metrics to Prometheus never opens an endpoint that runs code; unset: not served (0: a free port)."""
     max_request_samples: int = Field(default=1024, ge=1)
     """Most samples one POST /v1/score request may carry."""
+    code_concurrency: int = Field(default=16, ge=1, le=1024)
+    """Code answers sent to the code judge at once (it queues what exceeds its own slots)."""
     read_groups: int = Field(default=8, ge=1, le=1024)
     """Rollout groups taken from the stream at once; their samples are scored concurrently."""

@@ -2,7 +2,7 @@
 
     loop:
         pull up to `read_groups` rollout groups (reclaiming those of dead reward workers)
-        score all their samples concurrently — math in timeboxed processes, code in the sandbox
+        score all their samples concurrently — math in timeboxed processes, code by the code judge
         publish each scored group, then acknowledge its rollout entry (atomically)
 
 A sample that cannot be judged gets verdict ERROR and reward 0 and never fails its group; an
@@ -12,8 +12,9 @@ GET /metrics, /livez, /readyz (ready once the verifiers passed their self-check)
 port ``MAGIC_SCORE_PORT``, POST /v1/score (`magic.reward.api`), whether or not a run is active.
 
 Departures from Skywork-OR1: the math verifier is MAGIC's stricter one by default
-(``MAGIC_MATH__VERIFIER=skywork-or1`` selects the paper's plain procedure); code runs in a
-sandbox with a fresh process per test instead of LiveCodeBench's in-process harness.
+(``MAGIC_MATH__VERIFIER=skywork-or1`` selects the paper's plain procedure); code runs in the code
+judge's sandbox (`magic.codejudge`) with a fresh process per test instead of LiveCodeBench's
+in-process harness.
 
     magic serve reward          # or: python -m magic.reward
 """
@@ -125,23 +126,14 @@ class RewardWorker(Worker):
 
 def _warm_up(scorer: Scorer) -> None:
     try:
-        scorer.warm_up(sandbox=False)
+        scorer.warm_up()
     except Exception:  # noqa: BLE001 — stays not ready; the log says why
         log.exception("the math verifier failed its self-check; the service stays not ready")
         return
-    if not scorer.settings.sandbox.enabled:
-        log.warning("the code sandbox is turned off (MAGIC_SANDBOX__ENABLED=false): code samples will be judged ERROR")
-        return
-    from magic.reward.sandbox.runner import SandboxError  # loaded with the sandbox, as in `Scorer.code_verifier`
-
-    try:
-        scorer.code_verifier()
-        scorer.warm_up(sandbox=True)
-        log.info("verifiers ready; sandbox: %s", scorer.code_verifier().sandbox.describe())
-    except SandboxError as exc:  # math still works; code samples will get verdict ERROR
-        log.error("%s; code samples will be judged ERROR", exc)
-    except Exception:  # noqa: BLE001 — likewise, with the traceback
-        log.exception("the code sandbox failed its self-check; code samples will be judged ERROR")
+    if scorer.code.configured:
+        log.info("verifiers ready; code answers go to the code judge at %s", scorer.settings.code_judge.url)
+    else:
+        log.warning("no code judge (MAGIC_CODE_JUDGE__URL is empty): code samples will be judged ERROR")
 
 
 def run(settings: RewardSettings | None = None) -> int:

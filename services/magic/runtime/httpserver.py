@@ -2,7 +2,8 @@
 
 Two ports use it, each serving one kind of thing so that a NetworkPolicy can open one without the
 other: the metrics port (GET /metrics, /livez, /readyz: `magic.observability.metrics.serve_http`)
-and the reward's score port (POST /v1/score: `magic.reward.api.serve_score`). A route is matched
+the reward's score port (POST /v1/score: `magic.reward.api.serve_score`) and the code judge's port
+(POST /v1/judge: `magic.codejudge.service`). A route is matched
 on the path without its query; anything else is 404. A POST needs a Content-Length (411) of at
 most `max_body_bytes` (413). A connection idle (or sending its request slower) than
 `idle_timeout_seconds` is closed, so idle clients cannot pin threads. Requests are not logged
@@ -11,6 +12,8 @@ most `max_body_bytes` (413). A connection idle (or sending its request slower) t
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -23,6 +26,30 @@ Reply = tuple[int, bytes, str]
 GetRoute = Callable[[], Reply]
 PostRoute = Callable[[bytes, Mapping[str, str]], Reply]
 """(request body, request headers) -> reply."""
+
+
+def authorize(header: str | None, token, endpoint: str) -> Reply | None:
+    """None when `header` carries the bearer `token` (a pydantic `SecretStr`); else the refusal:
+    403 when no token is set (an endpoint that runs submitted code never runs open), 401 otherwise.
+
+    >>> from pydantic import SecretStr
+    >>> t = SecretStr("s" * 16)
+    >>> authorize("Bearer " + "s" * 16, t, "x") is None, authorize(None, t, "x")[0], authorize("Bearer x", t, "x")[0], authorize("Bearer x", None, "x")[0]
+    (True, 401, 401, 403)
+    """
+    if token is None:
+        return error(403, f"{endpoint} is disabled: no MAGIC_API_TOKEN is set (it runs submitted code)")
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return error(401, "missing bearer token (Authorization: Bearer $MAGIC_API_TOKEN)")
+    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+        return error(401, "wrong bearer token")
+    return None
+
+
+def error(status: int, message: str) -> Reply:
+    """A JSON error reply."""
+    return status, json.dumps({"error": message}).encode(), "application/json"
 
 
 def serve(

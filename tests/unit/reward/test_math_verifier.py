@@ -15,7 +15,7 @@ from magic.reward.math import equiv as math_equiv
 from magic.reward.math import extract as math_extract
 from magic.reward.math import judge as math_judge
 from magic.reward.math import verifier as math_verifier
-from magic.reward.verdict import Status
+from magic.protocol.verdict import Status
 
 CORPUS = Path(__file__).parents[2] / "data" / "reward" / "math_corpus.jsonl"
 CATEGORIES = {

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from magic.config.registry import Registry
 from magic.reward.math.extract import BOX_COMMANDS, brace_depth, clean_latex, extract_answer, parse_choices, trailing_boxes
-from magic.reward.verdict import Status, Verdict
+from magic.protocol.verdict import Status, Verdict
 
 MathVerdict = Verdict
 """A math verifier's verdict (the shared `Verdict`)."""

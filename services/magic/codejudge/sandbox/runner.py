@@ -1,6 +1,6 @@
 """Running untrusted programs: what the sandbox isolates, what it does not, and how.
 
-Every test runs in a fresh process, forked for it by the slot's helper (`magic.reward.sandbox.child`,
+Every test runs in a fresh process, forked for it by the slot's helper (`magic.codejudge.sandbox.child`,
 a trusted program of the standard library only), which then drops privileges and applies the
 limits before the untrusted code is loaded. The reward process compares the output; the
 program only ever reports data, and never sees the expected output.
@@ -15,7 +15,7 @@ it is missing the sandbox refuses to start (`SandboxError`, and code answers get
   no supplementary groups), claimed through a lock file, so nothing else runs as it. They cannot
   signal, trace or read the memory or environment of the service, its helper, the judge or other
   slots, and cannot write anywhere but their slot's tmpfs;
-* *root* (`magic.reward.sandbox.confine`) — a minimal read-only root holding only ``/usr`` and
+* *root* (`magic.codejudge.sandbox.confine`) — a minimal read-only root holding only ``/usr`` and
   the Python installation, new PID, network (no interface up), IPC, UTS and cgroup namespaces,
   private tmpfs ``/tmp`` and ``/dev/shm`` of ``disk_mb`` each, emptied after every response
   whatever the program did;
@@ -34,7 +34,7 @@ it is missing the sandbox refuses to start (`SandboxError`, and code answers get
 
 **Verdicts**: the program's process produces only data; the helper sends it back framed by
 length, and the reward process decodes it in linear time into values compared with the
-expected output (`magic.reward.code.cases`). An assert test's code runs in a judge process forked
+expected output (`magic.codejudge.cases`). An assert test's code runs in a judge process forked
 by the helper, which the program reaches only through a data-only request/answer channel; the
 test's prelude names keep their own meaning there.
 
@@ -63,8 +63,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from magic.reward.sandbox import child, confine
-from magic.reward.settings import SandboxSettings
+from magic.codejudge.sandbox import child, confine
+from magic.codejudge.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 

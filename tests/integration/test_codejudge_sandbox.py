@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from magic.reward.code.verifier import CodeVerifier
-from magic.reward.sandbox.runner import Sandbox, SandboxError
-from magic.reward.settings import SandboxSettings
-from magic.reward.verdict import Status
+from magic.codejudge.verifier import CodeVerifier
+from magic.codejudge.sandbox.runner import Sandbox, SandboxError
+from magic.codejudge.settings import SandboxSettings
+from magic.protocol.verdict import Status
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,8 @@ def verifier():
 
 
 def fenced(code: str) -> str:
-    return f"<think>Let me write it.</think>\nHere is the program:\n```python\n{code}\n```\n"
+    """The program as the judge receives it (the reward service took it out of the response)."""
+    return code + "\n"
 
 
 def gt(**spec) -> str:
@@ -75,8 +76,7 @@ def test_test_kinds(verifier, code, truth, status, detail):
     assert detail in v.details
 
 
-def test_no_code_block_is_no_answer_and_bad_ground_truth_is_error(verifier):
-    assert verifier.verify("I would loop over the array.", STDIN).status is Status.no_answer
+def test_bad_ground_truth_is_error(verifier):
     v = verifier.verify(fenced("print(1)"), '{"type": "stdin", "inputs": ["1"]}')
     assert v.status is Status.error and "ground truth" in v.details
 
@@ -155,10 +155,29 @@ def test_there_is_one_isolation_level_and_without_it_the_sandbox_refuses_to_star
         Sandbox(settings(enabled=False))
     probe = (  # imports first (the interpreter lives under root's home), then a service that is not root
         "import os\n"
-        "from magic.reward.sandbox.runner import Sandbox, SandboxError\n"
-        "from magic.reward.settings import SandboxSettings\n"
+        "from magic.codejudge.sandbox.runner import Sandbox, SandboxError\n"
+        "from magic.codejudge.settings import SandboxSettings\n"
         "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)\n"
         f"try:\n    Sandbox(SandboxSettings(root={str(tmp_path / 'nobody')!r}, slots=1))\nexcept SandboxError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "cannot start" in out.stdout and "not root" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_helper_started_from_a_thread_that_ended_still_runs_tests():
+    """bwrap --die-with-parent fires when the thread that started the helper exits: the service
+    warms its sandbox up in a short-lived thread, and its first programs got verdict ERROR."""
+    import threading
+    import time
+
+    from magic.codejudge.sandbox.runner import Program
+
+    with Sandbox(settings(uid_base=62200, slots=1)) as sandbox:
+        warm = threading.Thread(target=sandbox.warm_up)
+        warm.start()
+        warm.join()
+        time.sleep(0.5)  # the helper would be gone by now
+        helper = sandbox._slots[0].proc
+        result = sandbox.run(Program("stdin_stdout", "print(int(input()) * 2)"), [{"input": "2\n"}], lambda test, run: run.stdout == "4\n")
+        assert result.error is None and result.passed, result
+        assert sandbox._slots[0].proc is helper  # the same helper: it was never restarted

@@ -2,7 +2,7 @@
 
 Runs only with uid isolation (the service as root, as in the reward image): the containment
 claimed here rests on the dedicated uid, bubblewrap's root and namespaces and the seccomp filter
-(`magic.reward.sandbox.confine`). After every test a correct program is judged correct again. The limits are small so that nothing here can strain
+(`magic.codejudge.sandbox.confine`). After every test a correct program is judged correct again. The limits are small so that nothing here can strain
 the machine: 8 processes per slot, 256 MiB per process, 2 s per test.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from magic.reward.code.verifier import CodeVerifier
-from magic.reward.sandbox import child as sandbox_child
-from magic.reward.sandbox.runner import Sandbox
-from magic.reward.settings import SandboxSettings
-from magic.reward.verdict import Status
+from magic.codejudge.verifier import CodeVerifier
+from magic.codejudge.sandbox import child as sandbox_child
+from magic.codejudge.sandbox.runner import Sandbox
+from magic.codejudge.settings import SandboxSettings
+from magic.protocol.verdict import Status
 
 pytestmark = [
     pytest.mark.integration,
@@ -56,7 +56,8 @@ def verifier(sandbox):
 
 
 def fence(code: str) -> str:
-    return f"```python\n{code}\n```"
+    """The program as the judge receives it (the reward service took it out of the response)."""
+    return code + "\n"
 
 
 def judge(verifier, code: str, truth: str = ECHO):
@@ -340,7 +341,7 @@ LEFTOVER = "import os\nprint(sorted(set(os.listdir('/tmp')) | set(os.listdir('/d
 def fresh_listing(site_paths: list[str] | None = None) -> str:
     """What LEFTOVER prints in a fresh slot: nothing, but the way to a Python installation that
     lives under /tmp (bubblewrap's, root's)."""
-    from magic.reward.sandbox import confine, runner
+    from magic.codejudge.sandbox import confine, runner
 
     kept = confine.scratch_entries_kept(runner._site_paths() if site_paths is None else site_paths, runner.SCRATCH_DIRS)
     return repr(sorted(os.path.basename(p) for p in kept))
@@ -433,7 +434,7 @@ def test_host_processes_and_files_are_invisible(verifier):
     readable = Path("/var/tmp") / f"magic-hostile-readable-{os.getpid()}"
     readable.write_text(token)
     readable.chmod(0o644)
-    from magic.reward.sandbox import child as sandbox_child
+    from magic.codejudge.sandbox import child as sandbox_child
 
     code = (
         "import os\n"
@@ -617,7 +618,7 @@ def test_busy_processes_that_leave_their_session_cannot_take_another_slots_cpu(v
 def test_a_python_installed_under_tmp_stays_importable(tmp_path_factory, monkeypatch):
     """A virtualenv under /tmp (CI checkouts, `python -m venv /tmp/x`): the sandbox's own /tmp
     must not hide its site-packages."""
-    from magic.reward.sandbox import runner
+    from magic.codejudge.sandbox import runner
 
     site_dir = Path(tempfile.mkdtemp(prefix="magic-venv-", dir="/tmp")) / "site-packages"
     site_dir.mkdir()

@@ -1,6 +1,6 @@
 """The sandbox's trusted side inside the isolation: one per slot, runs every test in a fresh process.
 
-Started by `magic.reward.sandbox.runner` as ``python -I -S -B sandbox_child.py`` with the standard
+Started by `magic.codejudge.sandbox.runner` as ``python -I -S -B sandbox_child.py`` with the standard
 library only (nothing of MAGIC is imported here). It never runs untrusted code itself: it sets
 up the slot's isolation once, then for every test forks a grandchild that drops privileges,
 applies the limits and only then loads the untrusted program. It reads the grandchild's output
@@ -135,7 +135,7 @@ def unplain(obj, depth: int = 0, ref=None, opaque=None):
     With `opaque`, sets, bytes and dicts keyed by anything but strings are checked but not built:
     they become ``opaque(kind)``, and nothing the sender chose is hashed — decoding is linear in
     the data's size (a set of integers that all hash alike is quadratic to build). The reward
-    process decodes so (`magic.reward.code.cases.from_wire`); the judge builds every type."""
+    process decodes so (`magic.codejudge.cases.from_wire`); the judge builds every type."""
     if depth > 200:
         raise WireError("data nested too deeply")
     if obj is None or type(obj) in (bool, int, float, str):

@@ -175,7 +175,7 @@ def bwrap_argv(helper_copy: Path, site_paths: Iterable[str], disk_bytes: int) ->
     if bwrap is None:
         raise ConfinementError("bubblewrap is not installed (Debian: apt-get install bubblewrap)")
     # --die-with-parent follows the *thread* that forks bwrap: start it from a thread that lives
-    # as long as the service (`magic.reward.sandbox._spawn`), or the helper dies with that thread.
+    # as long as the service (`magic.codejudge.sandbox._spawn`), or the helper dies with that thread.
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     argv += ["--cap-drop", "ALL"]
     for cap in HELPER_CAPABILITIES:

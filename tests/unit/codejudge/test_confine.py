@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from magic.reward.sandbox import confine
+from magic.codejudge.sandbox import confine
 
 
 def test_doctests():

@@ -28,17 +28,17 @@ PACKAGES = ["pydantic", "pydantic-settings", "pyseccomp", "redis", "protobuf"]
 
 JUDGE = r"""
 import json, os
-from magic.reward.sandbox import confine
-from magic.reward.code.verifier import CodeVerifier
-from magic.reward.sandbox.runner import Sandbox
-from magic.reward.settings import SandboxSettings
+from magic.codejudge.sandbox import confine
+from magic.codejudge.verifier import CodeVerifier
+from magic.codejudge.sandbox.runner import Sandbox
+from magic.codejudge.settings import SandboxSettings
 print("inside: uid", os.getuid(), "map", " ".join(open("/proc/self/uid_map").read().split()), "bwrap", confine.bwrap_works())
 try:
     open(os.environ["HOST_ROOT_FILE"]).read()
 except OSError as exc:
     print("host root's file:", type(exc).__name__)
 truth = json.dumps({"type": "stdin_stdout", "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
-fence = lambda code: "```python\n" + code + "\n```"
+fence = lambda code: code + "\n"  # the program as the judge receives it
 with Sandbox(SandboxSettings(slots=1, root=os.environ["SANDBOX_ROOT"], uid_base=1000, test_timeout_seconds=10, total_timeout_seconds=60)) as box:
     judge = CodeVerifier(box)
     print("correct:", judge.verify(fence("a, b = map(int, input().split())\nprint(a + b)"), truth).status.value)

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from magic.reward.sandbox.child import WireError, unplain
+from magic.codejudge.sandbox.child import WireError, unplain
 
 __all__ = ["WireError"]  # raised by from_wire and read_reports; defined with the wire format
 
@@ -135,7 +135,7 @@ def parse_ground_truth(text: str) -> StdinStdoutTests | CallTests | AssertTests:
     >>> parse_ground_truth('{"type": "stdin", "inputs": []}')
     Traceback (most recent call last):
     ...
-    magic.reward.code.cases.GroundTruthError: invalid code ground truth: Input tag 'stdin' found using 'type' does not match any of the expected tags: 'stdin_stdout', 'call', 'assert'
+    magic.codejudge.cases.GroundTruthError: invalid code ground truth: Input tag 'stdin' found using 'type' does not match any of the expected tags: 'stdin_stdout', 'call', 'assert'
     """
     try:
         obj = json.loads(text)

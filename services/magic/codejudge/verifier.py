@@ -1,15 +1,16 @@
-"""Code answers: run the response's program on the problem's tests in the sandbox.
+"""Code answers: run a program on the problem's tests in the sandbox.
 
     verifier = CodeVerifier(sandbox)
-    verdict = verifier.verify(response, ground_truth)   # -> Verdict
+    verdict = verifier.verify(program, ground_truth)   # -> Verdict
 
-1. Take the program: the last fenced code block (```` ```python ````, ```` ```py ```` or a bare
-   ```` ``` ````) after the reasoning; none -> ``no_answer``.
-2. Check its syntax with `ast` in this process; a syntax error is ``wrong`` without running
+The reward service takes the program out of the response (`magic.reward.code.extract_code`: the
+last fenced block after the reasoning) and sends it here with the problem's tests.
+
+1. Check its syntax with `ast` in this process; a syntax error is ``wrong`` without running
    anything (Skywork-OR1 §7).
-3. Run it on the tests in the sandbox (`magic.reward.sandbox.runner`), one fresh process per test, and
-   stop at the first failing test; compare each output here with LiveCodeBench's semantics
-   (`magic.reward.code.cases`). All tests pass -> ``correct``; any failure (wrong answer,
+2. Run it on the tests in the sandbox (`magic.codejudge.sandbox.runner`), one fresh process per
+   test, and stop at the first failing test; compare each output here with LiveCodeBench's
+   semantics (`magic.codejudge.cases`). All tests pass -> ``correct``; any failure (wrong answer,
    runtime error, time or memory limit, a program that exits early or kills its helper) ->
    ``wrong`` with the reason; malformed ground truth or a sandbox failure -> ``error``.
 """
@@ -17,11 +18,10 @@
 from __future__ import annotations
 
 import ast
-import re
 import time
 from collections.abc import Callable
 
-from magic.reward.code.cases import (
+from magic.codejudge.cases import (
     AssertTests,
     CallTests,
     GroundTruthError,
@@ -31,28 +31,11 @@ from magic.reward.code.cases import (
     read_reports,
     stdout_matches,
 )
-from magic.reward.math.extract import answer_region
-from magic.reward.sandbox.runner import Program, Sandbox, TestRun
-from magic.reward.verdict import Status, Verdict
+from magic.codejudge.sandbox.runner import Program, Sandbox, TestRun
+from magic.protocol.verdict import Status, Verdict
 
 MAX_CODE_CHARS = 256 * 1024
 """Programs longer than this are judged wrong without being run."""
-_FENCE = re.compile(r"```[ \t]*(python3?|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def extract_code(response: str) -> str | None:
-    """The last fenced Python (or unlabelled) code block after the reasoning; None if none.
-
-    >>> extract_code("<think>```python\\nx = 1\\n```</think>Here:\\n```python\\nprint(2)\\n```")
-    'print(2)\\n'
-    >>> extract_code("no code") is None
-    True
-    """
-    region = answer_region(response)
-    if region is None:
-        return None
-    blocks = [m.group(2) for m in _FENCE.finditer(region)]
-    return blocks[-1] if blocks else None
 
 
 def syntax_error(code: str) -> str | None:
@@ -90,15 +73,14 @@ class CodeVerifier:
     def __init__(self, sandbox: Sandbox):
         self.sandbox = sandbox
 
-    def verify(self, response: str, ground_truth: str) -> Verdict:
+    def verify(self, code: str, ground_truth: str) -> Verdict:
+        """The verdict on the program `code` against the tests of `ground_truth` (never raises
+        for anything the program or the data does)."""
         t0 = time.perf_counter()
         try:
             spec = parse_ground_truth(ground_truth)
         except GroundTruthError as exc:
             return Verdict(Status.error, "", str(exc), time.perf_counter() - t0)
-        code = extract_code(response)
-        if code is None:
-            return Verdict(Status.no_answer, "", "no fenced code block after the reasoning", time.perf_counter() - t0)
         shown = code[:200]
         if len(code) > MAX_CODE_CHARS:
             return Verdict(Status.wrong, shown, f"program longer than {MAX_CODE_CHARS} characters", time.perf_counter() - t0)
