@@ -19,12 +19,12 @@ from pathlib import Path
 
 OUT = Path(__file__).with_name("math_adversarial.jsonl")
 
-# (rule, class, answer text, gold): the answer holds the gold where a lenient reading finds it
-CASES: list[tuple[str, str, str, str]] = []
+# (rule, class, answer text, gold, problem): the answer holds the gold where a lenient reading finds it
+CASES: list[tuple[str, str, str, str, str]] = []
 
 
-def add(rule: str, klass: str, answers: list[str], gold: str) -> None:
-    CASES.extend((rule, klass, a, gold) for a in answers)
+def add(rule: str, klass: str, answers: list[str], gold: str, problem: str = "") -> None:
+    CASES.extend((rule, klass, a, gold, problem) for a in answers)
 
 
 for g, other in (("6", "5"), ("12", "7")):
@@ -74,6 +74,31 @@ add("set-minus", "another set", ["\\{x | x < \\frac{3}{2}\\} - \\{-5\\}", "\\{x 
     "(-\\infty, -6) \\cup (-6, \\frac{3}{2})")
 add("function-rule", "another variable or rule", ["e^{x}", "x(t) = e^{-t}", "e^{t} + C"], "x(t) = e^{t}")
 add("percent", "near miss of a rounded percentage", ["\\frac{1}{14}", "0.0668", "\\frac{1}{16}"], "6.67\\%")
+# a hostile review of the rules above (each accepted once)
+add("list-label", "swapped or value-changing names", ["Minimum = 2, Maximum = 1", "T(10) = 4, T(11) = 2", "Reciprocal = 2, Reciprocal = 3",
+                                                      "Wrong: 2, Wrong: 3", "Perhaps: 2, Perhaps: 3", "Double = 2, Triple = 3"], "2, 4")
+add("list-label", "swapped names of a named gold", ["\\text{Maximum} = 1, \\text{Minimum} = 2", "\\text{Paolo}: 1, \\text{Sevilla}: 2"],
+    "\\text{Maximum} = 2, \\text{Minimum} = 1")
+add("list-label", "a product read as a name", ["x(2) = 5, x(3) = 7", "y(1) = 5, y(2) = 7"], "5, 7")
+add("ordered-values", "variables in another order", ["(z, y, x) = (1, 2, 3)", "(3, 2, 1)"], "x = 1, y = 2, z = 3")
+add("function-rule", "functions swapped", ["(Q(x), P(x)) = (2x, x^2)", "Q(x) = 2x, P(x) = x^2"], "P(x) = 2x, Q(x) = x^2")
+add("rule-domain", "part of the problem's domain", ["f(x) = x \\text{ for all negative integers } x", "f(x) = x \\text{ for all } x \\in \\mathbb{R}_{>5}",
+                                                    "f(x) = x \\text{ for all } x \\in \\mathbb{Z}_{<0}",
+                                                    "f(x) = x \\text{ for all } x \\in \\mathbb{Z}, f(x) = 0 \\text{ for all } x \\in \\mathbb{Q}"],
+    "f(x) = x", "Find all functions $f: \\mathbb{Z} \\to \\mathbb{Z}$ such that ...")
+add("equals-chain", "a chain through a unit or percent", ["d = 5 \\text{ km} = 5", "p = 5\\% = 5", "x = 50 = 50\\%"], "5")
+add("equals-chain", "a relation of variables as gold", ["c", "z"], "x = y = z")
+add("equation-solved", "one of several solutions", ["8", "\\frac{\\pi}{4}", "\\pi"], "x^{2/3} = 4")
+add("equation-solved", "a principal value", ["\\frac{\\pi}{4}", "\\frac{5\\pi}{4}"], "\\tan x = 1")
+add("equation-solved", "a rational equation", ["x", "x + 1"], "\\frac{y^2 + 1}{y^3 + x} = x")
+add("parameter", "a variable that is no parameter", ["\\pi r", "2\\pi h", "\\pi(a + c)"], "\\pi d")
+add("parameter", "the unknown as the parameter", ["\\frac{\\pi}{6} + \\pi x"], "x = \\frac{\\pi}{6} + k\\pi")
+add("parameter", "integer points of a curve", ["(t, t^2) \\text{ for some integer } t", "t^2 \\text{ for some integer } t"], "(x, x^2)")
+add("ordinal", "an ordinal with a qualifier", ["3rd \\text{ smallest}", "3rd \\text{ from the right}", "12^{\\text{th}} \\text{ from the end}", "3rd \\text{ prime}"], "3")
+add("word-list", "parts in another order", ["\\text{decreasing and increasing}", "decreasing, increasing"], "increasing, decreasing")
+add("percent", "a one-digit rounded percentage", ["\\frac{1}{199}", "\\frac{1}{210}"], "0.5\\%")
+add("set-minus", "another point, nearly", ["\\{x | x < \\frac{3}{2}\\} - \\{-6.000005\\}"], "(-\\infty, -6) \\cup (-6, \\frac{3}{2})")
+add("conditions-union", "an undefined point", ["x < 1 \\text{ or } x = \\infty - \\infty", "x < 1 \\text{ and } x = 0 \\cdot \\infty", "x < 1 \\text{ or } x = 1^\\infty"], "(1, 2)")
 
 FORMS = {
     "bare": lambda a: a,
@@ -84,11 +109,12 @@ FORMS = {
 
 def main() -> None:
     rows = []
-    for i, (rule, klass, answer, gold) in enumerate(CASES):
+    for i, (rule, klass, answer, gold, problem) in enumerate(CASES):
         for form, render in FORMS.items():
             if form == "box" and ("$" in answer.strip("$") or "\n" in answer):
                 continue  # several math spans: no one box holds them
-            rows.append({"id": f"adv-{i:03d}-{form}", "rule": rule, "class": klass, "form": form, "response": render(answer), "gold": gold})
+            row = {"id": f"adv-{i:03d}-{form}", "rule": rule, "class": klass, "form": form, "response": render(answer), "gold": gold}
+            rows.append({**row, "problem": problem} if problem else row)
     OUT.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} cases to {OUT}")
 

@@ -34,7 +34,7 @@ def test_no_adversarial_answer_is_accepted():
     accepted = [
         (r["id"], r["class"], r["response"][-60:], r["gold"])
         for r in rows()
-        if verify_magic(r["response"], r["gold"], OPTIONS if r["rule"] == "choices" else "").correct
+        if verify_magic(r["response"], r["gold"], OPTIONS if r["rule"] == "choices" else r.get("problem", "")).correct
     ]
     assert not accepted, accepted
 
@@ -53,7 +53,9 @@ RECALL_TWINS = [  # clean answers next to the attacks: each still correct
     (r"\boxed{\tan \frac{7}{5}\pi > \sin \frac{2}{5}\pi}", r"\tan \frac{7\pi}{5} > \sin \frac{2\pi}{5}"),
     (r"\boxed{(4, 8] \cup [10, 12)}", r"4 < m \leq 8 \text{ or } 10 \leq m < 12"), (r"\boxed{(-\infty, -2] \cup \{1\}}", r"a \leqslant -2 \text{ or } a = 1"),
     (r"\boxed{(1, 3)}", r"x > 1 \text{ and } x < 3"),
-    (r"\boxed{f(x) = 1 \text{ for all } x \in \mathbb{Q}_{>0}}", "f(x)=1"), (r"\boxed{\frac{\pi}{6} + n\pi}", r"x = \frac{\pi}{6} + k\pi"),
+    (r"\boxed{f(x) = 1 \text{ for all } x \in \mathbb{Q}_{>0}}", "f(x)=1", r"Find all $f: \mathbb{Q}_{>0} \to \mathbb{Q}_{>0}$ with ..."),
+    (r"\boxed{f(n) = n \text{ for all positive integers } n}", "f(n)=n", "Find every function f from the positive integers to the positive integers with ..."),
+    (r"\boxed{\text{Minimum} = 1, \text{Maximum} = 3}", "1, 3"), (r"\boxed{f(y) = y^2}", "x^2"), (r"\boxed{\frac{\pi}{6} + n\pi}", r"x = \frac{\pi}{6} + k\pi"),
     (r"\boxed{(-32 + 3t, 64 - 5t) \text{ for some integer } t}", "(-32 + 3x, 64 - 5x)"), (r"\boxed{(\pm 1, 0, \pm 2)}", "(1,0,2), (1,0,-2), (-1,0,2), (-1,0,-2)"),
     (r"\boxed{(x, y, z) = (1, 2, 3)}", "1, 2, 3"), (r"\boxed{\text{line segment and circle}}", "line segment, circle"), (r"\boxed{\infty}", r"\text{infinitely many}"),
     (r"\boxed{(-\infty, -6) \cup (-6, \frac{3}{2})}", r"\{x | x < \frac{3}{2}\} - \{-6\}"), (r"\boxed{e^{-t} + t}", "x(t) = e^{-t} + t"),
@@ -63,5 +65,5 @@ RECALL_TWINS = [  # clean answers next to the attacks: each still correct
 
 
 def test_the_clean_twins_of_the_attacks_stay_correct():
-    wrong = [(r, g) for r, g in RECALL_TWINS if not verify_magic(r, g).correct]
+    wrong = [(r, g) for r, g, *problem in RECALL_TWINS if not verify_magic(r, g, *problem).correct]
     assert not wrong, wrong

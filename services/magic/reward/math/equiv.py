@@ -194,7 +194,7 @@ class Item:
     percent: bool = False
     degrees: bool = False
     decimals: int | None = None  # digits after the point when the item is a plain decimal
-    head: str | None = None  # the variable of a function rule ``f(t) = ...``, when written so
+    head: tuple[str, str] | None = None  # (function, variable) of a function rule ``f(t) = ...``, when written so
 
 
 @dataclass
@@ -206,6 +206,7 @@ class Reading:
     words: str | None = None
     items: list[Item] = field(default_factory=list)
     parameter: str | None = None  # a parameter the answer declares (``... for some integer t``)
+    ordered: bool = False  # a list whose entries name their places (``T(10) = 2, T(11) = 4``): compared in order
 
 
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|operatorname|mathbf|textit|emph)\{([^{}]*)\}")
@@ -227,7 +228,7 @@ _BINARY_SIGN = re.compile(r"(?<=[\w})\]])\s*[+-]")
 """A plus or minus after an operand: the text is a sum, not a single quantity."""
 _CLOCK_TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(?:\\text\{\s*)?(a\.?m\.?|p\.?m\.?)?(?:\s*\})?$", re.IGNORECASE)
 """``12:00``, ``9:05 pm``, ``10:30:15``: a time of day (never a ratio or a division)."""
-_FUNCTION_HEAD = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
+_FUNCTION_HEAD = re.compile(r"^\s*([A-Za-z](?:_\{?\w+\}?)?)\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
 """``f(x) = ...``: a function given by its rule; the rule is the answer, in its variable."""
 _MEMBER_OF = re.compile(r"^[A-Za-z]\s*\\in\s*(.+)$")
 """``x \\in [1, 2)``: the answer is the set after ``\\in``."""
@@ -317,12 +318,12 @@ def read_item(raw: str) -> Item:
     if "\\circ" in s or "°" in s:  # degrees inside an expression: \sin 30^\circ
         s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", r"\\cdot \\frac{\\pi}{180}", s)
     head = _FUNCTION_HEAD.match(s)
-    if head and "=" not in head.group(2) and re.search(rf"(?<![A-Za-z\\]){head.group(1)}(?![A-Za-z])", head.group(2)):
-        s = head.group(2)  # the rule, when it uses the variable ("f(x) = 0" stays an equation)
+    if head and "=" not in head.group(3) and re.search(rf"(?<![A-Za-z\\]){head.group(2)}(?![A-Za-z])", head.group(3)):
+        s = head.group(3)  # the rule, when it uses the variable ("f(x) = 0" stays an equation)
     else:
         head = None
     item.expr = parse_latex(s)
-    item.head = head.group(1) if head else None
+    item.head = (head.group(1), head.group(2)) if head else None
     return item
 
 
@@ -447,22 +448,46 @@ def _expand_pm(s: str) -> list[str]:
     return [s]
 
 
-_LIST_LABEL = re.compile(r"^\s*(?:\\text\{\s*)?(?P<name>[A-Za-z]{3,}|[A-Za-z]\s*\(\s*-?\d{1,6}\s*\))\s*\}?\s*[=:]\s*(?P<value>[^=:]+)$")
-_LABEL_WORDS = {"max", "min", "maximum", "minimum"}
+_SEQUENCE_LABEL = re.compile(r"^\s*(?P<f>[A-Za-wA-Z])\s*\(\s*(?P<at>-?\d{1,6})\s*\)\s*=\s*(?P<value>[^=]+)$")
 
 
-def _list_label(part: str) -> str:
-    """One of several answers, named (``Maximum = 2``, ``Paolo: 18``, ``T(10) = 2``): its value.
-    In a list the names add nothing a policy could use — the bare values match the gold's in
-    any order already — but a name that changes the value (``minus = 5``, ``\\sqrt{x} = 5``)
-    never names it."""
-    m = _LIST_LABEL.match(part)
-    if not m:
-        return part
-    name = m.group("name").lower()
-    if "(" not in name and (name in _MATH_WORDS or name in _VALUE_WORDS) and name not in _LABEL_WORDS:
-        return part
-    return m.group("value").strip()
+_EXTREME = re.compile(r"^\s*(?:\\text\{\s*)?(?P<which>max|min|maximum|minimum|largest|smallest|greatest|least)(?: value)?\s*\}?\s*[=:]\s*(?P<value>[^=:]+)$", re.IGNORECASE)
+
+
+def _extremes(parts: list[str]) -> list[Item] | None:
+    """``Maximum = 2, Minimum = 1``: the two values, smallest first, when one is named the maximum
+    and the other the minimum and the maximum is not below the minimum (``Minimum = 2, Maximum =
+    1`` is no answer); None for anything else."""
+    found = [_EXTREME.match(q) for q in parts]
+    if len(parts) != 2 or not all(found):
+        return None
+    high = {m.group("which").lower() in ("max", "maximum", "largest", "greatest") for m in found}
+    if high != {True, False}:
+        return None
+    items = {m.group("which").lower() in ("max", "maximum", "largest", "greatest"): read_item(m.group("value").strip()) for m in found}
+    low, top = items[False], items[True]
+    if low.expr is None or top.expr is None or not (_is_number(low.expr) and _is_number(top.expr)):
+        return None
+    try:
+        if bool(top.expr < low.expr):
+            return None
+    except TypeError:
+        return None
+    return [low, top]
+
+
+def _sequence_values(parts: list[str]) -> list[str] | None:
+    """``T(10) = 2, T(11) = 4, T(12) = 3``: one function at increasing whole numbers, its values in
+    that order (compared in order with a gold list); None for anything else. Other names of list
+    entries (``Maximum = 2``, ``Paolo: 18``) are never dropped: a name can change the value
+    (``Reciprocal = 2``) or be swapped (``Minimum = 2, Maximum = 1``)."""
+    found = [_SEQUENCE_LABEL.match(q) for q in parts]
+    if not all(found) or len({m.group("f") for m in found}) != 1 or found[0].group("f") in "xyz":
+        return None
+    at = [int(m.group("at")) for m in found]
+    if any(b <= a for a, b in zip(at, at[1:])):
+        return None
+    return [m.group("value").strip() for m in found]
 
 
 _LABEL = re.compile(r"^\s*(?P<lhs>[^=<>]{1,40}?)\s*=\s*(?P<rhs>[^=]+)$")
@@ -509,15 +534,38 @@ def _strip_var(s: str, labels: bool = False, strict: bool = False) -> str:
     return s
 
 
-_RULE_DOMAIN = re.compile(
-    r"\s*,?\s*(?:\\text\{\s*for (?:all|every|any|each)\s*\}\s*[A-Za-z]\s*\\in\s*\\mathbb\{[NZQR]\}(?:_\{[^{}]{1,8}\}|_[0-9+]|\^\{?[+*]\}?)?"
-    r"|\\text\{\s*for (?:all|every|any|each) (?:positive |negative |nonnegative |non-negative |real |natural |rational )?"
-    r"(?:integers?|reals?|real numbers?|numbers?|rationals?|rational numbers?|natural numbers?)\s*\}\s*[A-Za-z]"
-    r"|\\text\{\s*for (?:all|every|any|each) (?:positive |negative |nonnegative |non-negative |real |natural |rational )?"
-    r"(?:integers?|reals?|real numbers?|numbers?|rationals?|rational numbers?|natural numbers?) [A-Za-z]\s*\})\s*"
+_NUMBER_SET = r"\\mathbb\{[NZQR]\}(?:_\{[^{}]{1,8}\}|_[0-9+]|\^\{?[+*]\}?)?"
+_SET_WORDS = (
+    r"(?:(?:positive|negative|nonnegative|non-negative|nonzero|non-zero|real|natural|rational|whole) )?"
+    r"(?:integers?|reals?|real numbers?|numbers?|rationals?|rational numbers?|natural numbers?)"
 )
-"""``f(x) = 1 \\text{ for all } x \\in \\mathbb{Q}_{>0}``: where a function rule holds, stated over a
-whole number set (a rule stated for part of its domain — ``for x > 5`` — is left as written)."""
+_RULE_DOMAIN = re.compile(
+    rf"\s*,?\s*(?:\\text\{{\s*for (?:all|every|any|each)\s*\}}\s*[A-Za-z]\s*\\in\s*(?P<set>{_NUMBER_SET})"
+    rf"|\\text\{{\s*for (?:all|every|any|each) (?P<words>{_SET_WORDS})\s*\}}\s*[A-Za-z]"
+    rf"|\\text\{{\s*for (?:all|every|any|each) (?P<words2>{_SET_WORDS}) [A-Za-z]\s*\}})\s*"
+)
+"""``f(x) = 1 \\text{ for all } x \\in \\mathbb{Q}_{>0}``: the set a function rule is stated on. It is
+read away only when the problem names that very set (`domains_of`): a rule stated on part of the
+problem's domain (``for all negative integers x``, ``x \\in \\mathbb{R}_{>5}``) is left as written."""
+
+
+def _set_key(text: str) -> str:
+    return re.sub(r"\s+", "", text).replace("non-", "non").rstrip("s").lower() if "\\" not in text else re.sub(r"\s+", "", text)
+
+
+def domains_of(problem: str) -> tuple[str, ...]:
+    """The number sets a problem names (``\\mathbb{Q}_{>0}``, ``positive integers``), as keys of
+    `_RULE_DOMAIN`'s sets.
+
+    >>> domains_of(r"Find all $f: \\mathbb{Q}_{>0} \\to \\mathbb{Q}_{>0}$ such that, for all positive integers n, ...")
+    ('\\\\mathbb{Q}_{>0}', 'positiveinteger')
+    """
+    text = clean_latex(problem[:20000])
+    found = [_set_key(m.group(0)) for m in re.finditer(_NUMBER_SET, text)]
+    found += [_set_key(m.group(0)) for m in re.finditer(_SET_WORDS, text, re.IGNORECASE)]
+    return tuple(dict.fromkeys(found))
+
+
 _FUNCTION_RULE = re.compile(r"[A-Za-z]\s*\(\s*[A-Za-z]\s*\)\s*\)?\s*=")
 _DECLARED_PARAMETER = re.compile(
     r"\s*,?\s*(?:\\text\{\s*(?:for some|for any|for all|where) (?:integer|integers)\s*\}\s*([A-Za-z])"
@@ -538,7 +586,7 @@ _EQUALS_CHAIN = re.compile(rf"^\s*(?:{_VAR}\s*=\s*)+(?P<value>[^=<>]+)$")
 
 def _word_list(text: str) -> str | None:
     """``line segment, circle`` and ``\\text{line segment and circle}``: several word answers, in
-    a canonical order (a list of answers matches in any order); None for anything else."""
+    their order (``increasing, decreasing`` may answer two parts in turn); None for anything else."""
     t = _TEXT_WRAP.sub(r"\1", text).strip()
     parts = [q for q in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", t) if q]
     if len(parts) < 2 or len(parts) > MAX_ITEMS:
@@ -546,7 +594,7 @@ def _word_list(text: str) -> str | None:
     words = [_text_answer(q) for q in parts]
     if any(w is None for w in words):
         return None
-    return "; ".join(sorted(words))
+    return "; ".join(words)
 
 
 def _chain_value(text: str, strict: bool) -> str:
@@ -557,18 +605,27 @@ def _chain_value(text: str, strict: bool) -> str:
     if not 3 <= len(links) <= MAX_CHAIN or any(not q or _INEQUALITY.search(q) for q in links):
         return text
     value = read_item(links[-1])
-    if value.expr is None:
+    if value.expr is None or value.unit or value.percent or value.degrees:
         return text
+    if re.fullmatch(_VAR, links[-1]) and all(re.fullmatch(_VAR, q) for q in links[:-1]):
+        return text  # "a = b = c" relates three variables: no value
     for link in links[:-1]:
         if re.fullmatch(_VAR, link) and (not strict or _SAFE_LABEL.match(link)):
             continue
         item = read_item(link)
-        if item.expr is None or not same_item(item, value):
+        if item.expr is None or item.unit or item.percent or item.degrees or not same_item(item, value):
             return text
     return links[-1]
 
 
 def _conditions(parts: list[str], both: bool = False) -> Basic | None:
+    try:
+        return _conditions_set(parts, both)
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return None  # "x = \\infty - \\infty": no set of reals
+
+
+def _conditions_set(parts: list[str], both: bool) -> Basic | None:
     """``4 < m \\le 8 \\text{ or } 10 \\le m < 12``, ``a \\le -2 \\text{ or } a = 1``: one set of
     reals, the union of what each condition on the one variable allows (with `both`, ``x > 1
     \\text{ and } x < 3``: what all of them allow); None otherwise."""
@@ -579,7 +636,7 @@ def _conditions(parts: list[str], both: bool = False) -> Basic | None:
         if expr is None:
             return None
         if point:
-            if not _is_number(expr):
+            if not _is_number(expr) or expr.is_finite is not True or expr.is_real is not True:
                 return None
             variables.add(point.group(1))
             sets.append(FiniteSet(expr))
@@ -595,7 +652,7 @@ def _conditions(parts: list[str], both: bool = False) -> Basic | None:
     return sympy.Intersection(*sets) if both else sympy.Union(*sets)
 
 
-def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
+def read(answer: str, choice: bool = True, strict: bool = False, domains: tuple[str, ...] = ()) -> Reading:
     """Read an answer string: choice letter, words, or a list of items.
 
     >>> [i.raw for i in read("x = 1 or x = 2").items]
@@ -629,8 +686,12 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
     if parameter:
         reading.parameter = next(g for g in parameter.groups() if g)
         text = text[: parameter.start()].strip()
-    if _FUNCTION_RULE.search(text):
-        text = _RULE_DOMAIN.sub(" ", text).strip()
+    if _FUNCTION_RULE.search(text) and domains:
+        def domain(m: re.Match) -> str:
+            stated = m.group("set") or m.group("words") or m.group("words2")
+            return " " if _set_key(stated) in domains else m.group(0)
+
+        text = _RULE_DOMAIN.sub(domain, text).strip()
     rules = _FUNCTION_TUPLE.match(text)
     if rules:
         heads, values = split_top_level(rules.group(1)), split_top_level(rules.group(2))
@@ -641,7 +702,7 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
     minus = _SET_MINUS.match(text)
     if minus:
         whole, removed = read(minus.group(1)), [read_item(q).expr for q in split_top_level(minus.group(2))]
-        if len(whole.items) == 1 and _set_like(whole.items[0].expr) is not None and all(_is_number(e) for e in removed):
+        if len(whole.items) == 1 and _set_like(whole.items[0].expr) is not None and all(_is_number(e) and not _has_float(e) and e.is_finite for e in removed):
             item = Item(raw=text, expr=sympy.Complement(_set_like(whole.items[0].expr), FiniteSet(*removed)))
             reading.items = [item]
             return reading
@@ -673,7 +734,13 @@ def read(answer: str, choice: bool = True, strict: bool = False) -> Reading:
         if all(names) and len({m.group(1) for m in names}) == len(parts):
             reading.items = [read_item(p) for p in parts]  # keep the assignments
         else:
-            reading.items = [read_item(_strip_var(_list_label(p), labels=True, strict=strict)) for p in parts]
+            sequence, extremes = _sequence_values(parts), _extremes(parts)
+            if extremes is not None:
+                reading.items = extremes
+            elif sequence is not None:
+                reading.items, reading.ordered = [read_item(q) for q in sequence], True
+            else:
+                reading.items = [read_item(_strip_var(p, labels=True, strict=strict)) for p in parts]
         return reading
     if is_set:
         reading.items = [read_item(body)]
@@ -810,7 +877,7 @@ def same_expression(g, p) -> bool:
         only_g, only_p = gn - pn, pn - gn
         if len(only_g) == 1 == len(only_p):
             a, b = next(iter(only_g)), next(iter(only_p))
-            if _period_parameter(g, a) and _period_parameter(p, b):  # pi/6 + k pi is pi/6 + n pi
+            if a in PARAMETER_LETTERS and b in PARAMETER_LETTERS and _period_parameter(g, a) and _period_parameter(p, b):  # pi/6 + k pi is pi/6 + n pi
                 return same_expression(g, rename(p, b, a))
         return False
     diff = g - p
@@ -920,16 +987,23 @@ def solved_for(g: Eq, p) -> bool:
     """An equation gold answered by an expression: the expression is the value of the one
     variable of the gold's left side it does not use (``xy = 6`` answered ``6/x`` is ``y = 6/x``),
     and the gold solved for that variable has exactly that one solution. ``x^2 - 4 = 0`` is
-    not ``2`` (two solutions) and ``a - b = 0`` is not ``0`` (two variables missing)."""
+    not ``2`` (two solutions) and ``a - b = 0`` is not ``0`` (two variables missing); only an
+    equation linear in that variable is solved (``\\tan x = 1`` is not ``\\pi/4``)."""
     p_symbols = _symbol_names(p)
     missing = [v for v in g.lhs.free_symbols if isinstance(v, Symbol) and v.name not in p_symbols]
     if len(missing) != 1 or not p_symbols <= _symbol_names(g) or _too_big(g) or _too_big(p):
         return False
+    v, d = missing[0], g.lhs - g.rhs
     try:
-        solutions = sympy.solve(g, missing[0], dict=False)
-    except (NotImplementedError, TypeError, ValueError):
+        if not d.is_polynomial(v) or sympy.degree(d, v) != 1:
+            return False  # only an equation linear in it has one solution for it, whatever the others are
+        slope = sympy.expand(d).coeff(v, 1)
+        if slope == 0:
+            return False
+        solution = -(d - slope * v) / slope
+    except (NotImplementedError, TypeError, ValueError, sympy.PolynomialError):
         return False
-    return len(solutions) == 1 and _is_expression(solutions[0]) and same_value(solutions[0], p)
+    return _is_expression(solution) and same_value(sympy.expand(solution), p)
 
 
 _FLIPPED = {">": "<", ">=": "<="}
@@ -967,6 +1041,19 @@ def same_relations(g, p) -> bool:
 def rename(e, old: str, new: str):
     """`e` with the variable named `old` called `new` (its assumptions kept)."""
     return e.subs({v: Symbol(new, **v.assumptions0) for v in e.free_symbols if getattr(v, "name", "") == old})
+
+
+PARAMETER_LETTERS = frozenset("knmjl")
+"""The letters of an integer parameter (``k\\pi``, ``2n\\pi``): only these are renamed."""
+
+
+def _linear_in(e, name: str) -> bool:
+    """Is `e` a polynomial of degree at most 1 in the variable named `name`?"""
+    v = next((s for s in getattr(e, "free_symbols", ()) if getattr(s, "name", "") == name), None)
+    try:
+        return v is None or (e.is_polynomial(v) and sympy.degree(e, v) <= 1)
+    except (TypeError, ValueError, sympy.PolynomialError):
+        return False
 
 
 def _period_parameter(e, name: str) -> bool:
@@ -1090,8 +1177,19 @@ def same_item(g: Item, p: Item) -> bool:
     ge, pe = g.expr, p.expr
     if ge is None or pe is None:
         return False
-    if g.head and p.head and g.head != p.head:  # f(z) = z is the rule f(x) = x
-        pe = rename(pe, p.head, g.head)
+    if g.head and p.head:
+        if g.head[0] != p.head[0]:
+            return False  # the rule of another function (P(x) = ... for Q(x) = ...)
+        if g.head[1] != p.head[1]:  # f(z) = z is the rule f(x) = x
+            pe = rename(pe, p.head[1], g.head[1])
+    elif g.head or p.head:  # one side names the function: its variable is its own (x(t) = e^t for e^t) or x (f(y) = y^2 for x^2)
+        if _same_plain(g, p):
+            return True
+        named = g if g.head else p
+        if "x" in named.head:  # already in x, or the function is named x (x(t) = e^t is not e^x)
+            return False
+        renamed = rename(named.expr, named.head[1], "x")
+        ge, pe = (renamed, pe) if named is g else (ge, renamed)
     if g.unit and p.unit:
         if g.unit.dimension != p.unit.dimension:
             return False
@@ -1106,8 +1204,10 @@ def same_item(g: Item, p: Item) -> bool:
         # 50% equals 50 and 0.5 (the percent sign may be dropped, or the value written as a fraction)
         if same_value(base.expr, other.expr, g.decimals if g is base else None):
             return True
-        if base is g:  # 6.67% fixes four decimals of 1/15
-            return same_value(ge / 100, pe, g.decimals + 2 if g.decimals is not None else None)
+        if base is g:  # 6.67% fixes four decimals of 1/15 (a gold of two significant digits or more)
+            digits = re.search(r"(\d*)\.(\d+)", g.raw)
+            significant = len((digits.group(1) + digits.group(2)).lstrip("0")) if digits else 0
+            return same_value(ge / 100, pe, g.decimals + 2 if g.decimals is not None and significant >= 2 else None)
         return same_value(ge, pe / 100, g.decimals)
     if g.degrees != p.degrees:
         deg, other = (g, p) if g.degrees else (p, g)
@@ -1118,7 +1218,13 @@ def same_item(g: Item, p: Item) -> bool:
     return same_value(ge, pe, g.decimals)
 
 
-def equivalent(gold: str, answer: str, choices: dict[str, str] | None = None) -> Judgement:
+def _same_plain(g: Item, p: Item) -> bool:
+    """`same_item` of two items as written, without their function heads."""
+    return same_item(Item(raw=g.raw, expr=g.expr, unit=g.unit, percent=g.percent, degrees=g.degrees, decimals=g.decimals),
+                     Item(raw=p.raw, expr=p.expr, unit=p.unit, percent=p.percent, degrees=p.degrees, decimals=p.decimals))
+
+
+def equivalent(gold: str, answer: str, choices: dict[str, str] | None = None, domains: tuple[str, ...] = ()) -> Judgement:
     """Is `answer` equivalent to `gold`? `choices` maps option letters to option texts, if known.
     Cached (`CACHE_SIZE`) by the three inputs.
 
@@ -1135,18 +1241,22 @@ def equivalent(gold: str, answer: str, choices: dict[str, str] | None = None) ->
     >>> equivalent("B", r"\\frac12", {"A": "2", "B": r"\\frac{1}{2}"}).equal
     True
     """
-    return _equivalent(gold, answer, tuple(sorted(choices.items())) if choices else ())
+    return _equivalent(gold, answer, tuple(sorted(choices.items())) if choices else (), tuple(domains))
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...]) -> Judgement:
+def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...], domains: tuple[str, ...] = ()) -> Judgement:
     choices = dict(options) or None
-    g, p = read(gold), read(answer, strict=True)  # the gold is the data's; the answer is the policy's
+    g, p = read(gold, domains=domains), read(answer, strict=True, domains=domains)  # the gold is the data's; the answer is the policy's
     if g.text == p.text:
         return Judgement(True, "same text")
     named = _EQUALS_CHAIN.match(g.text)
     if named and "=" not in p.text and not g.words:
-        g = read(named.group("value"))  # the gold "N = n" names its value n
+        value = named.group("value").strip()
+        names = [q.strip() for q in split_top_level(g.text, ("=",))[:-1]]
+        relation = re.fullmatch(_VAR, value) and not (len(names) == 1 and names[0].lower() == value.lower())
+        if not relation:  # "x = y = z" relates variables; "N = n" names its value n (the parser reads both as n)
+            g = read(value)
     if p.choice and not g.choice and p.choice not in (choices or {}):
         p = read(answer, choice=False, strict=True)  # a lone letter is a value here (e, or a variable)
     if g.choice or p.choice:
@@ -1162,12 +1272,19 @@ def _equivalent(gold: str, answer: str, options: tuple[tuple[str, str], ...]) ->
     if p.parameter:  # "(3t, 5t) for some integer t" for the gold's "(3x, 5x)"
         g_names = {n for i in g.items if i.expr is not None for n in _symbol_names(i.expr)}
         p_names = {n for i in p.items if i.expr is not None for n in _symbol_names(i.expr)}
-        if p.parameter in p_names and len(g_names - p_names) == 1:
-            target = next(iter(g_names - p_names))
+        target = next(iter(g_names - p_names)) if len(g_names - p_names) == 1 else None
+        linear = target is not None and all(
+            i.expr is not None and all(_linear_in(part, target) for part in (_as_sequence(i.expr) or [i.expr])) for i in g.items
+        )
+        if p.parameter in p_names and linear:  # a family linear in its parameter ((3x, 5x)); (x, x^2) is a curve
             for i in p.items:
                 i.expr = rename(i.expr, p.parameter, target) if i.expr is not None else None
+    plain = all(i.expr is not None and _assignment(i.expr) is None and not isinstance(i.expr, Relational) for i in g.items)
+    if p.ordered and plain and len(p.items) == len(g.items):
+        ok = all(same_item(gi, pi) for gi, pi in zip(g.items, p.items))
+        return Judgement(ok, "the values in order" if ok else "other values")
     values = _as_sequence(p.items[0].expr) if len(g.items) > 1 and len(p.items) == 1 else None
-    if values is not None and len(values) == len(g.items) and (isinstance(p.items[0].expr, Tuple) or all(i.head for i in g.items)):
+    if values is not None and len(values) == len(g.items) and ((plain and isinstance(p.items[0].expr, Tuple)) or all(i.head for i in g.items)):
         # "(x, y, z) = (1, 2, 3)" for the list "1, 2, 3", "(2x, 1)" for "P(x) = 2x, Q(x) = 1": in the gold's order
         if all(i.expr is not None for i in g.items):
             ok = all(same_item(gi, Item(raw="", expr=pe)) for gi, pe in zip(g.items, values))

@@ -304,7 +304,14 @@ _TEXT_FUNCTION = re.compile(r"\\(?:text|mathrm|operatorname)\{\s*(sin|cos|tan|co
 """``\\text{sin}`` is ``\\sin``."""
 _UNBRACED_FRAC = re.compile(r"\\frac\s*(\{(?:[^{}]|\{[^{}]*\})*\})\s*([A-Za-z0-9])")
 """``\\frac{1+a}c``: a one-character denominator without braces, as TeX allows."""
-_ORDINAL = re.compile(r"(?<![\w.])(\d+)\s*(?:\^\s*\{\s*(?:\\(?:text|mathrm)\{\s*)?(st|nd|rd|th)\s*\}?\s*\}|\^\s*(st|nd|rd|th)\b|\\(?:text|mathrm)\{\s*(st|nd|rd|th)\s*\}|(st|nd|rd|th)\b)")
+_ORDINAL = re.compile(
+    r"(?<![\w.])(\d+)\s*(?:\^\s*\{\s*(?:\\(?:text|mathrm)\{\s*)?(st|nd|rd|th)\s*\}?\s*\}|\^\s*(st|nd|rd|th)\b|\\(?:text|mathrm)\{\s*(st|nd|rd|th)\s*\}|(st|nd|rd|th)\b)"
+    r"(?=\s*(?:\\text\{\s*)?(?:day|days|week|weeks|month|months|year|years|term|terms|place|row|column|floor|step|round|century)?\s*\}?\s*$)",
+    re.IGNORECASE,
+)
+"""An ordinal that ends the answer, alone or with the kind of place it counts (``15th Day``): its
+number. Followed by anything else (``3rd \\text{ from the right}``, ``3rd \\text{ smallest}``) it is
+left as written."""
 _CIRCLED = {chr(0x2460 + k): str(k + 1) for k in range(20)}  # ① .. ⑳, the numbered statements of a question
 
 

@@ -79,7 +79,7 @@ def verify_magic(response: str, gold: str, problem: str = "") -> MathVerdict:
     >>> verify_magic("<think>it is 4", "4").status.value
     'no_answer'
     """
-    from magic.reward.math.equiv import equivalent  # heavy (sympy, ANTLR): loaded in the processes that judge
+    from magic.reward.math.equiv import Judgement, domains_of, equivalent  # heavy (sympy, ANTLR): loaded in the processes that judge
 
     t0 = time.perf_counter()
     answer = extract_answer(response)
@@ -92,9 +92,14 @@ def verify_magic(response: str, gold: str, problem: str = "") -> MathVerdict:
     if any(clean_latex(answer) == clean_latex(g) for g in golds):
         return MathVerdict(Status.correct, shown, "same text as the gold", time.perf_counter() - t0)
     choices = parse_choices(problem) if problem else None
+    domains = domains_of(problem) if problem else ()
     reasons = []
     for g in golds:
-        judgement = equivalent(g, answer, choices)
+        try:
+            judgement = equivalent(g, answer, choices, domains)
+        except (ArithmeticError, TypeError, ValueError, AttributeError, RecursionError, NotImplementedError) as exc:
+            # sympy on an answer it cannot compare (NaN comparisons, undefined forms): never accepted, never a crash
+            judgement = Judgement(False, f"the answer cannot be compared ({type(exc).__name__})")
         if judgement.equal:
             return MathVerdict(Status.correct, shown, judgement.reason, time.perf_counter() - t0)
         reasons.append(judgement.reason)
