@@ -19,6 +19,7 @@ VALUE_SETS = {
     "gpu-7b": CHART / "ci" / "gpu-7b-values.yaml",
     "gpu-32b": CHART / "ci" / "gpu-32b-values.yaml",
     "external-redis": CHART / "ci" / "external-redis-values.yaml",
+    "restricted": CHART / "ci" / "restricted-values.yaml",
 }
 """The values the chart is rendered with: its defaults and the example sets in charts/magic/ci/."""
 

@@ -125,7 +125,7 @@ def test_names_are_unique_and_valid(rendered, name):
 
 
 SANDBOX_CAPABILITIES = ["SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL", "SYS_ADMIN"]
-"""What the reward container keeps for the code sandbox: a uid per slot and bubblewrap's namespaces."""
+"""What the code judge's container keeps for the sandbox: a uid per slot and bubblewrap's namespaces."""
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -135,11 +135,8 @@ def test_pods_run_non_root_with_no_capabilities_and_read_only_root(rendered, nam
         if component == "redis" and not objects(docs, "StatefulSet", f"{RELEASE}-magic-redis"):
             continue
         spec = pod_spec(docs, kind, component)
-        sandbox_root = component == "reward" and value_set(name).get("reward", {}).get("sandbox", {}).get("enabled", True)
-        if sandbox_root:  # the one exception: the code sandbox's root (next tests)
-            assert spec["securityContext"]["runAsNonRoot"] is False and spec["securityContext"]["runAsUser"] == 0
-        else:
-            assert spec["securityContext"]["runAsNonRoot"] is True
+        sandbox_root = False  # the one exception, the code judge's root, is a workload of its own (next tests)
+        assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["automountServiceAccountToken"] is False
         for c in spec["containers"]:
@@ -192,14 +189,18 @@ def test_dashboards_ship_as_sidecar_configmaps(rendered, name):
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_reward_pods_reach_only_dns_and_redis(rendered, name):
+def test_reward_pods_reach_only_dns_the_code_judge_and_redis(rendered, name):
     docs = rendered[name]
     policy = one(docs, "NetworkPolicy", f"{RELEASE}-magic-reward")["spec"]
     assert "Egress" in policy["policyTypes"]
     egress = policy["egress"]
-    assert len(egress) == 2
+    assert len(egress) == 3
     assert {p["port"] for p in egress[0]["ports"]} == {53}
-    redis_rule = egress[1]
+    judge_rule = egress[1]
+    assert judge_rule["ports"] == [{"port": 9600}]
+    if name != "restricted":  # the release's own judge (the other: test_the_recommended_layout_has_no_privileged_pod)
+        assert judge_rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "codejudge"
+    redis_rule = egress[2]
     if name == "external-redis":
         assert redis_rule == {"ports": [{"port": 6380}], "to": [{"ipBlock": {"cidr": "10.20.0.15/32"}}]}
     else:
@@ -324,7 +325,7 @@ def test_multi_gpu_values_spread_gpus_and_use_nccl(rendered):
             ports = {p["name"] for p in svc["spec"]["ports"]} & endpoint_ports
             assert ports, f"{svc['metadata']['name']} is selected but exposes no scraped port"
             scraped.add(labels["app.kubernetes.io/component"])
-    assert scraped == {"controller", "rollout", "reward", "learner", "redis"}  # redis: the exporter sidecar
+    assert scraped == {"controller", "rollout", "reward", "codejudge", "learner", "redis"}  # redis: the exporter sidecar
     for e in monitor["spec"]["endpoints"]:
         assert e["path"] == "/metrics" and e["interval"] == "10s"
         assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "targetLabel": "component"} in e["relabelings"]
@@ -393,36 +394,44 @@ def test_weight_transport_is_json_the_services_accept(chart, transport):
         assert sent.master_address == pod_ip and sent.dtype == received.dtype == "float16"
 
 
-def test_the_reward_sandbox_has_one_level_or_none(chart):
-    def reward(values):
-        spec = pod_spec(render(chart, {"reward": {"sandbox": values}}), "Deployment", "reward")
-        return spec, container(spec, "reward")
-
-    spec, c = reward({})  # the default: the sandbox, with what bubblewrap needs
+def test_the_code_judge_has_one_level_and_the_reward_pod_none(chart):
+    docs = render(chart, None)
+    spec = pod_spec(docs, "Deployment", "codejudge")  # the default: the judge with the release, with what bubblewrap needs
+    c = container(spec, "codejudge")
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": SANDBOX_CAPABILITIES}
-    annotations = one(render(chart, None), "Deployment", f"{RELEASE}-magic-reward")["spec"]["template"]["metadata"]["annotations"]
-    assert spec["securityContext"]["runAsUser"] == 0 and annotations["container.apparmor.security.beta.kubernetes.io/reward"] == "unconfined"
+    annotations = one(docs, "Deployment", f"{RELEASE}-magic-codejudge")["spec"]["template"]["metadata"]["annotations"]
+    assert spec["securityContext"]["runAsUser"] == 0 and annotations["container.apparmor.security.beta.kubernetes.io/codejudge"] == "unconfined"
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}  # allows mount beside CAP_SYS_ADMIN
-    assert env(c)["MAGIC_SANDBOX__ENABLED"] == "true"
-    spec, c = reward({"enabled": False, "podSecurity": "restricted"})  # math only: an ordinary pod
-    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001
-    assert "add" not in c["securityContext"]["capabilities"] and c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert env(c)["MAGIC_SANDBOX__ENABLED"] == "false"
+    assert c["args"] == ["serve", "codejudge"] and c["image"].startswith("ghcr.io/magic-rl/magic-reward:")  # the reward image carries bubblewrap
+    assert [p["name"] for p in c["ports"]] == ["metrics", "judge"] and env(c)["MAGIC_JUDGE_PORT"] == "9600"
+    assert secret_file(spec, c, "MAGIC_API_TOKEN") == {"name": f"{RELEASE}-magic-auth", "key": "api-token"}
+    assert not any(e.startswith("MAGIC_REDIS") for e in env(c)) and spec["automountServiceAccountToken"] is False  # no credential but its token
+    assert {v["name"] for v in spec["volumes"]} == {"tmp", "home", "secrets"}  # no shared volume
+    reward = pod_spec(docs, "Deployment", "reward")  # an ordinary pod, whatever the judge needs
+    rc = container(reward, "reward")
+    assert reward["securityContext"]["runAsNonRoot"] is True and reward["securityContext"]["runAsUser"] == 10001
+    assert "add" not in rc["securityContext"]["capabilities"] and rc["securityContext"]["allowPrivilegeEscalation"] is False
+    assert env(rc)["MAGIC_CODE_JUDGE__URL"] == f"http://{RELEASE}-magic-codejudge:9600"
     # scoring has a port of its own, apart from /metrics (which Prometheus may reach)
-    assert [p["name"] for p in c["ports"]] == ["metrics", "score"]
-    assert env(c)["MAGIC_SCORE_PORT"] == "9500" and env(c)["MAGIC_METRICS_PORT"] == "9400"
-    assert "MAGIC_PORT" not in env(c)
+    assert [p["name"] for p in rc["ports"]] == ["metrics", "score"]
+    assert env(rc)["MAGIC_SCORE_PORT"] == "9500" and env(rc)["MAGIC_METRICS_PORT"] == "9400"
+    assert "MAGIC_PORT" not in env(rc)
+    sandbox = pod_spec(render(chart, {"codeJudge": {"sandbox": {"slots": 8, "memory_mb": 2048}}}), "Deployment", "codejudge")
+    assert env(container(sandbox, "codejudge"))["MAGIC_SANDBOX__SLOTS"] == "8" and env(container(sandbox, "codejudge"))["MAGIC_SANDBOX__MEMORY_MB"] == "2048"
 
 
-def test_reward_sandbox_fails_closed_where_pod_security_forbids_it_and_scoring_needs_the_token(chart):
+def test_the_code_judge_fails_closed_where_pod_security_forbids_it_and_scoring_needs_the_token(chart):
     import helm_python as helm
 
     spec = pod_spec(render(chart, None), "Deployment", "reward")
     assert secret_file(spec, container(spec, "reward"), "MAGIC_API_TOKEN") == {"name": f"{RELEASE}-magic-auth", "key": "api-token"}
     for level in ("baseline", "restricted"):  # never a weaker sandbox: a message instead
         with pytest.raises(helm.HelmError) as exc:
-            chart.render(values={"reward": {"sandbox": {"enabled": True, "podSecurity": level}}}, name=RELEASE, namespace=NAMESPACE)
-        assert f'Pod Security "{level}" forbids' in str(exc.value) and "reward.sandbox.enabled=false" in str(exc.value), str(exc.value)
+            chart.render(values={"codeJudge": {"podSecurity": level}}, name=RELEASE, namespace=NAMESPACE)
+        assert f'Pod Security "{level}" forbids' in str(exc.value) and "codeJudge.only=true" in str(exc.value), str(exc.value)
+    with pytest.raises(helm.HelmError) as exc:  # a judge alone needs the token its clients present
+        chart.render(values={"codeJudge": {"only": True}}, name=RELEASE, namespace=NAMESPACE)
+    assert "auth.existingSecret" in str(exc.value)
 
 
 def test_service_monitor_can_be_forced_on_or_off(chart):
@@ -457,8 +466,10 @@ INVALID = [
     ({"weightTransport": "nccl", "rollout": {"engine": "torch", "gpus": 0}}, "/rollout/engine"),
     ({"weightTransport": "carrier-pigeon"}, "/weightTransport"),
     ({"weightTransportOptions": {"type": "http"}}, "/weightTransportOptions"),  # the type is weightTransport
-    ({"reward": {"sandbox": {"enabled": True, "isolation": "session"}}}, "/reward/sandbox"),  # one level: no modes to pick
-    ({"reward": {"sandbox": {"enabled": "yes"}}}, "/reward/sandbox/enabled"),
+    ({"reward": {"sandbox": {"enabled": True}}}, "/reward"),  # code runs in the code judge, never the reward pod
+    ({"codeJudge": {"isolation": "session"}}, "/codeJudge"),  # one level: no modes to pick
+    ({"codeJudge": {"enabled": "yes"}}, "/codeJudge/enabled"),
+    ({"codeJudge": {"url": "magic-judge:9600"}}, "/codeJudge/url"),
     ({"persistence": {"accessModes": ["ReadWriteOnce"]}}, "/persistence/accessModes"),
     ({"persistence": {"size": "lots"}}, "/persistence/size"),
     ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
@@ -485,22 +496,75 @@ def test_schema_accepts_the_example_value_sets(chart, name):
     chart.validate_schema(chart.merge_values(value_set(name)))
 
 
-def test_the_reward_sandbox_can_run_in_a_user_namespace_and_is_refused_under_gvisor(chart):
+def test_the_code_judge_can_run_in_a_user_namespace_and_is_refused_under_gvisor(chart):
     import helm_python as helm
 
-    def reward(values):
-        return pod_spec(render(chart, {"reward": values}), "Deployment", "reward")
+    def judge(values):
+        return pod_spec(render(chart, {"codeJudge": values}), "Deployment", "codejudge")
 
-    assert "hostUsers" not in reward({})  # the default: the node's users
-    spec = reward({"sandbox": {"hostUsers": False}})
-    assert spec["hostUsers"] is False and container(spec, "reward")["securityContext"]["capabilities"]["add"] == SANDBOX_CAPABILITIES
-    assert "hostUsers" not in reward({"sandbox": {"enabled": False, "podSecurity": "restricted", "hostUsers": False}})  # math only: an ordinary pod
+    assert "hostUsers" not in judge({})  # the default: the node's users
+    spec = judge({"hostUsers": False})
+    assert spec["hostUsers"] is False and container(spec, "codejudge")["securityContext"]["capabilities"]["add"] == SANDBOX_CAPABILITIES
     for runtime in ("gvisor", "runsc", "gke-gvisor"):
         with pytest.raises(helm.HelmError) as exc:
-            chart.render(values={"reward": {"runtimeClassName": runtime}}, name=RELEASE, namespace=NAMESPACE)
-        assert "google/gvisor#13438" in str(exc.value) and "reward.sandbox.enabled=false" in str(exc.value), str(exc.value)
-    assert reward({"runtimeClassName": "gvisor", "sandbox": {"enabled": False, "podSecurity": "restricted"}})["runtimeClassName"] == "gvisor"
-    assert reward({"runtimeClassName": "kata"})["runtimeClassName"] == "kata"
+            chart.render(values={"codeJudge": {"runtimeClassName": runtime}}, name=RELEASE, namespace=NAMESPACE)
+        assert "google/gvisor#13438" in str(exc.value) and "codeJudge.enabled=false" in str(exc.value), str(exc.value)
+    assert judge({"runtimeClassName": "kata"})["runtimeClassName"] == "kata"
+    assert pod_spec(render(chart, {"reward": {"runtimeClassName": "gvisor"}}), "Deployment", "reward")["runtimeClassName"] == "gvisor"  # it runs no program
+
+
+def test_the_recommended_layout_has_no_privileged_pod(chart):
+    """docs/security.md's recommendation: the code judge alone in a namespace and node pool of its
+    own (a release of its own), the rest pointed at it — every pod of the main release passes Pod
+    Security "restricted" (tests/deploy/pod_security.py applies the standard's controls)."""
+    from .pod_security import level, pods
+
+    main = render(chart, value_set("restricted"))
+    levels = {name: level(spec, annotations) for name, spec, annotations in pods(main)}
+    assert levels and all(lv == "restricted" for lv, _ in levels.values()), levels
+    assert not objects(main, "Deployment", f"{RELEASE}-magic-codejudge")
+    reward = container(pod_spec(main, "Deployment", "reward"), "reward")
+    assert env(reward)["MAGIC_CODE_JUDGE__URL"] == "http://magic-judge-codejudge.magic-sandbox.svc:9600"
+    assert secret_file(pod_spec(main, "Deployment", "reward"), reward, "MAGIC_CODE_JUDGE_TOKEN") == {"name": "magic-judge-token", "key": "api-token"}
+    policy = one(main, "NetworkPolicy", f"{RELEASE}-magic-reward")  # the reward pods reach the judge's namespace on its port
+    assert {"ports": [{"port": 9600}], "to": value_set("restricted")["codeJudge"]["networkPolicyPeers"]} in policy["spec"]["egress"]
+
+    judge = render(chart, {"codeJudge": {"only": True, "clientNamespaces": ["ml"], "nodeSelector": {"magic.ai/pool": "sandbox"}}, "auth": {"existingSecret": "magic-judge-token"}})
+    assert {d["kind"] for d in judge} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount"}, sorted(d["kind"] for d in judge)
+    ((name, spec, annotations),) = pods(judge)
+    assert level(spec, annotations)[0] == "privileged" and spec["nodeSelector"] == {"magic.ai/pool": "sandbox"}
+    policy = one(judge, "NetworkPolicy", f"{RELEASE}-magic-codejudge")["spec"]
+    assert policy["egress"] == [] and policy["policyTypes"] == ["Ingress", "Egress"]  # a program reaches nothing
+    assert policy["ingress"][0]["from"] == [{"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ml"]}]},
+                                             "podSelector": {"matchLabels": {"app.kubernetes.io/component": "reward"}}}]
+
+    default = render(chart, None)  # the default, for trying it out: only the judge needs "privileged"
+    privileged = sorted(name for name, spec, annotations in pods(default) if level(spec, annotations)[0] != "restricted")
+    assert privileged == [f"Deployment/{RELEASE}-magic-codejudge"]
+
+
+def test_the_pod_security_checker_applies_the_standard():
+    from .pod_security import level
+
+    ok = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+          "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}], "volumes": [{"name": "t", "emptyDir": {}}]}
+    assert level(ok) == ("restricted", [])
+    import copy
+
+    def variant(change):
+        spec = copy.deepcopy(ok)
+        change(spec)
+        return level(spec)[0]
+
+    assert variant(lambda s: s["containers"][0]["securityContext"].update(privileged=True)) == "privileged"
+    assert variant(lambda s: s["containers"][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"])) == "privileged"
+    assert variant(lambda s: s.update(hostNetwork=True)) == "privileged"
+    assert variant(lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}})) == "privileged"
+    assert variant(lambda s: s["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True)) == "baseline"
+    assert variant(lambda s: s["securityContext"].update(runAsNonRoot=False)) == "baseline"
+    assert variant(lambda s: s["containers"][0]["securityContext"]["capabilities"].update(add=["CHOWN"])) == "baseline"
+    assert variant(lambda s: s["securityContext"].pop("seccompProfile")) == "baseline"
+    assert level(ok, {"container.apparmor.security.beta.kubernetes.io/c": "unconfined"})[0] == "privileged"
 
 
 def test_learner_memory_follows_its_gpus_and_its_shape_reaches_the_learner(chart):

@@ -83,7 +83,8 @@ def test_dockerfile_matches_the_chart(service):
     arrives = [i for i, (w, r) in enumerate(stage) if w == "COPY" and (r.split()[0] in ("services", "proto") or r.startswith("--from="))]
     assert arrives and deps < min(arrives), f"{service}: the dependencies are installed after the package's sources"
     extras = set(re.findall(r"\[\\?'([a-z]+)\\?'\]", stage[deps][1])) - {"project", "dependencies", "optional-dependencies"}
-    assert extras == ({"learner", "deepspeed"} if service == "learner" else {service}), f"{service}: installs the extras {extras}"
+    expected = {"learner": {"learner", "deepspeed"}, "reward": {"reward", "codejudge"}}.get(service, {service})  # the code judge runs from the reward image
+    assert extras == expected, f"{service}: installs the extras {extras}"
     assert any(w == "RUN" and "install --no-deps" in r for w, r in stage[deps:]), f"{service}: the package must be installed --no-deps"
     checks = " ".join(r for w, r in stage if w == "RUN" and "check_versions.py" in r)
     assert f"check_versions.py {constraints_of(service)}" in checks, f"{service}: no version check"

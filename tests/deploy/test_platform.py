@@ -131,16 +131,16 @@ def test_an_image_change_restarts_only_that_component(chart, component):
     before = workloads(render(chart, {"auth": {"apiToken": "t" * 24}}))
     after = workloads(render(chart, {"auth": {"apiToken": "t" * 24}, component: {"image": {"tag": "9.9.9"}}}))
     changed = {c for c in before if before[c] != after[c]}
-    assert changed == {component}
+    assert changed == ({"reward", "codejudge"} if component == "reward" else {component})  # the code judge runs from the reward image
 
 
 def test_a_redis_password_change_restarts_redis_and_its_clients_but_a_token_change_only_the_token_holders(chart):
     base = workloads(render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "one-password"}}}))
     password = workloads(render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "another-password"}}}))
     token = workloads(render(chart, {"auth": {"apiToken": "u" * 24}, "redis": {"auth": {"password": "one-password"}}}))
-    assert {c for c in base if base[c] != password[c]} == {"controller", "rollout", "reward", "learner", "redis"}
-    # the controller's API and the reward pods' POST /v1/score check the token
-    assert {c for c in base if base[c] != token[c]} == {"controller", "reward"}
+    assert {c for c in base if base[c] != password[c]} == {"controller", "rollout", "reward", "learner", "redis"}  # the code judge has no Redis
+    # the controller's API, the reward pods' POST /v1/score and the code judge's POST /v1/judge check the token
+    assert {c for c in base if base[c] != token[c]} == {"controller", "reward", "codejudge"}
 
 
 def test_a_rollout_update_needs_no_spare_gpu(chart):
@@ -153,9 +153,9 @@ def test_a_rollout_update_needs_no_spare_gpu(chart):
 def test_disruption_budgets_and_grace_periods(chart):
     docs = render(chart, {})
     budgets = {p["metadata"]["name"]: p["spec"] for p in objects(docs, "PodDisruptionBudget")}
-    # only the CPU reward pods have one: an evicted GPU pod waits for a free GPU, so a budget on the
-    # rollout pods would hold a node's drain until the drained node came back (docs/deploy.md)
-    assert set(budgets) == {f"{RELEASE}-magic-reward"}
+    # only the CPU pods (reward, code judge) have one: an evicted GPU pod waits for a free GPU, so a
+    # budget on the rollout pods would hold a node's drain until the drained node came back (docs/deploy.md)
+    assert set(budgets) == {f"{RELEASE}-magic-reward", f"{RELEASE}-magic-codejudge"}
     spec = budgets[f"{RELEASE}-magic-reward"]
     assert spec["maxUnavailable"] == 1 and spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == "reward"
     # a pod that is not Ready (Redis down, say) never holds a drain
@@ -164,7 +164,7 @@ def test_disruption_budgets_and_grace_periods(chart):
     rollout = one(spare, "PodDisruptionBudget", f"{RELEASE}-magic-rollout")["spec"]
     assert rollout["maxUnavailable"] == "50%" and rollout["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
     grace = {c: t["spec"]["terminationGracePeriodSeconds"] for c, t in workloads(docs).items()}
-    assert grace == {"controller": 30, "rollout": 60, "reward": 60, "learner": 120, "redis": 60}
+    assert grace == {"controller": 30, "rollout": 60, "reward": 60, "codejudge": 60, "learner": 120, "redis": 60}
     frozen = render(chart, {"learner": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}})
     assert one(frozen, "PodDisruptionBudget", f"{RELEASE}-magic-learner")["spec"]["maxUnavailable"] == 0
 
@@ -208,7 +208,7 @@ def test_no_port_is_open_to_everyone_by_accident(chart, case):
                 continue
             ports = [p["port"] for p in rule.get("ports", [])]
             assert ports, f"{case}: {component} admits every pod on every port"
-            assert component in ("controller", "rollout", "learner", "reward", "redis") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
+            assert component in ("controller", "rollout", "learner", "reward", "codejudge", "redis") and ports == ["metrics"], f"{case}: {component} port {ports} open to every pod"
 
 
 def api_namespaces(policy) -> list[str]:
@@ -235,7 +235,7 @@ def test_default_deny_covers_every_pod_of_the_release(chart):
     assert deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
     pods = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
     pods += [d["metadata"]["labels"] for d in objects(docs, "Pod")]
-    assert len(pods) == 7  # controller, rollout, reward, learner, redis, the secrets Job, the helm test
+    assert len(pods) == 8  # controller, rollout, reward, code judge, learner, redis, the secrets Job, the helm test
     for labels in pods:
         assert all(labels.get(k) == v for k, v in deny["podSelector"]["matchLabels"].items()), labels
     assert not objects(render(chart, {"networkPolicy": {"defaultDeny": False}}), "NetworkPolicy", f"{RELEASE}-magic-default-deny")
@@ -271,6 +271,7 @@ PRODUCTION = {
     },
     "learner": {"gpuResourceName": "nvidia.com/mig-3g.40gb", "schedulerName": "default-scheduler", "terminationGracePeriodSeconds": 900},
     "reward": {"extraVolumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}], "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corp"}]},
+    "codeJudge": {"nodeSelector": {"pool": "sandbox"}, "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}], "schedulerName": "default-scheduler"},
     "redis": {"image": {"digest": "sha256:" + "b" * 64}, "priorityClassName": "system-ish"},
 }
 
@@ -288,8 +289,9 @@ def test_production_scheduling_values_render_and_validate(chart):
     assert t["controller"]["spec"]["containers"][0]["image"] == "ghcr.io/magic-rl/magic-controller:0.1.0@sha256:" + "a" * 64
     assert t["redis"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "b" * 64)
     assert t["controller"]["spec"]["nodeSelector"] == {"pool": "cpu"}
-    assert {c: t[c]["spec"]["priorityClassName"] for c in t} == {"controller": "ml-high", "rollout": "ml-rollout", "reward": "ml-high", "learner": "ml-high", "redis": "system-ish"}
-    assert {c: t[c]["spec"]["schedulerName"] for c in t} == {"controller": "volcano", "rollout": "volcano", "reward": "volcano", "learner": "default-scheduler", "redis": "volcano"}
+    assert {c: t[c]["spec"]["priorityClassName"] for c in t} == {"controller": "ml-high", "rollout": "ml-rollout", "reward": "ml-high", "codejudge": "ml-high", "learner": "ml-high", "redis": "system-ish"}
+    assert {c: t[c]["spec"]["schedulerName"] for c in t} == {"controller": "volcano", "rollout": "volcano", "reward": "volcano", "codejudge": "default-scheduler", "learner": "default-scheduler", "redis": "volcano"}
+    assert t["codejudge"]["spec"]["nodeSelector"] == {"pool": "sandbox"}  # a node pool of its own
     rollout = t["rollout"]["spec"]
     vllm = container(rollout, "vllm")
     assert vllm["resources"]["limits"]["amd.com/gpu"] == 1 and "nvidia.com/gpu" not in vllm["resources"]["limits"]

@@ -153,17 +153,22 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
     (with `query.rules()`: the alert rules as Prometheus evaluated them)."""
     tmp = tmp_path_factory.mktemp("prometheus")
     server = RedisServer().start()
-    ports = {c: free_port() for c in ("controller", "rollout", "reward", "learner")}
+    ports = {c: free_port() for c in ("controller", "rollout", "reward", "codejudge", "learner")}
     score_port = free_port()  # the reward's POST /v1/score: a port of its own, not scraped
     sup = Supervisor(tmp / "logs", {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1"})
     prometheus = None
     try:
         prometheus = Prometheus(tmp, ports, alert_rule_groups(chart))
         sup.start("controller", "magic.controller", {"MAGIC_PORT": str(ports["controller"])})
+        judge_port = free_port()  # the code judge's POST /v1/judge: not scraped either
+        sup.start("codejudge-0", "magic.codejudge", {"MAGIC_METRICS_PORT": str(ports["codejudge"]), "MAGIC_JUDGE_PORT": str(judge_port), "MAGIC_API_TOKEN": SCORE_TOKEN,
+                                                     "MAGIC_SANDBOX__ROOT": "/tmp/magic-sandbox-test", "MAGIC_SANDBOX__UID_BASE": "62400", "MAGIC_SANDBOX__UID_COUNT": "50",
+                                                     "MAGIC_SANDBOX__SLOTS": "1"})
         for component in ("rollout", "reward", "learner"):
-            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_SCORE_PORT": str(score_port), "MAGIC_API_TOKEN": SCORE_TOKEN})
+            sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_SCORE_PORT": str(score_port), "MAGIC_API_TOKEN": SCORE_TOKEN,
+                                                              "MAGIC_CODE_JUDGE__URL": f"http://127.0.0.1:{judge_port}"})
         wait_for(prometheus.ready, 60, "Prometheus to start")
-        wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 4, 120, "every service to be scraped", sup)
+        wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 5, 120, "every service to be scraped", sup)
 
         model, data = guessing_model
         api = httpx.Client(base_url=f"http://127.0.0.1:{ports['controller']}", timeout=30)
@@ -172,7 +177,7 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
         resp = api.post("/v1/runs", json={"name": "scraped", "model": str(model), "train_files": [str(data)], "stages": STAGES,
                                           "validation": VALIDATION})
         assert resp.status_code == 201, resp.text
-        score_code(score_port)  # the run has math prompts only: code reaches the sandbox through the scoring endpoint
+        score_code(score_port)  # the run has math prompts only: code reaches the code judge through the scoring endpoint
         status = wait_for(lambda: (s := api.get("/v1/runs/scraped").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
         assert status["status"] == "finished", status.get("error")
         score_code(score_port)
@@ -206,7 +211,7 @@ def alert_rule_groups(chart) -> list[dict]:
 
 
 def score_code(port: int) -> None:
-    """Two programs through the reward pod's sandbox (POST /v1/score): one right, one wrong."""
+    """Two programs through the reward service to the code judge (POST /v1/score): one right, one wrong."""
     tests = json.dumps({"type": "stdin_stdout", "inputs": ["2\n"], "outputs": ["4\n"]})
     samples = [{"data_source": "code", "response": f"```python\n{body}\n```", "ground_truth": tests} for body in ("print(int(input()) * 2)", "print(5)")]
     resp = httpx.post(f"http://127.0.0.1:{port}/v1/score", json={"samples": samples}, headers={"Authorization": f"Bearer {SCORE_TOKEN}"}, timeout=60)

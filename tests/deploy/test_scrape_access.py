@@ -172,6 +172,8 @@ def test_every_component_has_a_scrape_target(monitored, name):
     docs, values = monitored[name]
     components = {t.pod.labels["app.kubernetes.io/component"] for t in scrape_targets(docs)}
     expected = {"controller", "rollout", "reward", "learner"}
+    if values.get("codeJudge", {}).get("enabled", True):
+        expected.add("codejudge")
     if values.get("redis", {}).get("enabled", True):
         expected.add("redis")  # the exporter sidecar (redis.metrics.enabled, on by default)
     assert components == expected
@@ -197,12 +199,26 @@ def test_prometheus_reaches_no_other_port(monitored, name):
     scraped = {(t.pod.name, t.port) for t in scrape_targets(docs)}
     for pod in pods(docs):
         component = pod.labels.get("app.kubernetes.io/component")
-        if component not in {"controller", "rollout", "reward", "learner", "redis"}:
+        if component not in {"controller", "rollout", "reward", "codejudge", "learner", "redis"}:
             continue
-        for port in {*pod.ports.values(), 6379, 8000, 8701, 29600, 29601}:
+        for port in {*pod.ports.values(), 6379, 8000, 8701, 9600, 29600, 29601}:
             if (pod.name, port) in scraped:
                 continue
             assert not admitted(policies, source, pod, port), f"{name}: Prometheus reaches {pod.name}:{port}, which is no metrics port"
+
+
+@pytest.mark.parametrize("name", [n for n in VALUE_SETS if n != "restricted"])
+def test_only_the_reward_pods_reach_the_code_judge(monitored, name):
+    """POST /v1/judge runs submitted code: the release's reward pods reach it, no other pod of the
+    release, and nobody outside."""
+    docs, _ = monitored[name]
+    policies = objects(docs, "NetworkPolicy")
+    everyone = pods(docs)
+    (judge,) = [p for p in everyone if p.labels.get("app.kubernetes.io/component") == "codejudge"]
+    port = judge.ports["judge"]
+    for source in everyone + [Pod("x", "default", {"app": "x"}, namespace_labels("default"))]:
+        component = source.labels.get("app.kubernetes.io/component")
+        assert admitted(policies, source, judge, port) is (component == "reward"), f"{name}: {source.name} -> the code judge"
 
 
 def test_a_pod_outside_the_named_scrapers_reaches_no_metrics_port_of_the_reward(monitored):

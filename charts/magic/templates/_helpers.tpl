@@ -227,6 +227,20 @@ role's ACL user's, or without a role the default user's: the helm test), redis-u
     name: {{ include "magic.apiTokenSecretName" $root }}
     items: [{key: {{ $v.auth.existingSecretKey }}, path: api-token}]
 {{- end }}
+{{- with .judgeToken }}
+- secret:
+    name: {{ .name }}
+    items: [{key: {{ .key }}, path: code-judge-token}]
+{{- end }}
+{{- end }}
+
+{{/* Where the reward pods send code answers: the release's code judge, or codeJudge.url */}}
+{{- define "magic.codeJudgeUrl" -}}
+{{- if .Values.codeJudge.enabled -}}
+http://{{ include "magic.componentName" (dict "root" . "component" "codejudge") }}:{{ .Values.codeJudge.port }}
+{{- else -}}
+{{ .Values.codeJudge.url }}
+{{- end -}}
 {{- end }}
 
 {{/* EnvVars every MAGIC container shares: (dict "root" $ "values" .Values.rollout) */}}
@@ -381,7 +395,10 @@ values and Secret names; a generated value never changes). "token": whether the 
 API token (the controller, and the reward pods for POST /v1/score). (dict "root" $ "token" bool) */}}
 {{- define "magic.secretsChecksum" -}}
 {{- $v := .root.Values }}
-{{- $in := dict "redis" (dict "enabled" $v.redis.enabled "auth" $v.redis.auth "acl" $v.redis.acl "external" $v.externalRedis) }}
+{{- $in := dict }}
+{{- if not .noRedis }}
+{{- $in = dict "redis" (dict "enabled" $v.redis.enabled "auth" $v.redis.auth "acl" $v.redis.acl "external" $v.externalRedis) }}
+{{- end }}
 {{- if .token }}
 {{- $_ := set $in "auth" $v.auth }}
 {{- end }}

@@ -90,12 +90,16 @@ class RewardSettings(ServiceSettings):
     ``MAGIC_MATH__TIMEOUT_SECONDS=3``, ``MAGIC_CODE_JUDGE__URL=http://...``."""
 
     model_config = SettingsConfigDict(env_prefix="MAGIC_", env_nested_delimiter="__", extra="ignore")
-    secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token")
+    secret_files: ClassVar[tuple[str, ...]] = (*ServiceSettings.secret_files, "api_token", "code_judge_token")
 
     math: MathRewardSettings = Field(default_factory=MathRewardSettings)
     """The math verifier."""
     code_judge: CodeJudgeClientSettings = Field(default_factory=CodeJudgeClientSettings)
     """The code judge that runs code answers."""
+    code_judge_token: SecretStr | None = None
+    """The code judge's bearer token as a file (MAGIC_CODE_JUDGE_TOKEN_FILE, how the chart mounts
+    codeJudge.tokenSecret); `code_judge.api_token` if set, else this, else `api_token` (a judge
+    deployed with the release shares the release's token)."""
     penalties: PenaltySettings = Field(default_factory=PenaltySettings)
     """Optional penalties."""
     code_data_sources: list[str] = Field(
