@@ -20,6 +20,8 @@ LONGEST_FIRST = (
     "tests/e2e/test_two_writers.py",
     "tests/e2e/test_corrupt_files.py",
     "tests/deploy/test_prometheus.py",
+    "tests/integration/test_codejudge_hostile.py",
+    "tests/integration/test_reward_service.py",
 )
 """Modules that take longest, started first: `make test` runs the suite on two workers, a module
 to a worker (`pytest -n 2 --dist loadscope`), and a long module started last would run alone at
