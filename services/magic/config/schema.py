@@ -172,6 +172,15 @@ class StageConfig(BaseModel):
     """Entropy bonus alpha_k * H (§3.2.5)."""
     kl_coef: float = Field(default=0.0, ge=0, validation_alias=_alias("kl_coef", "beta"))
     """beta: weight of the k3 KL to the reference policy (§3.2.6); 0 in the recipe."""
+    rollout_is: Literal["none", "truncate", "mask"] = "none"
+    """Correction for the sampler/learner mismatch (vLLM samples in bf16 with its own kernels, so
+    its log-probs of policy version k differ from the learner's): each token's policy-gradient
+    term is weighted by w = pi_learner / pi_sampler of the sampled token — "truncate": min(w, C)
+    (truncated importance sampling); "mask": w where 1/C <= w <= C, else 0; "none" (the paper's
+    recipe): no weight. The mismatch (`kl_rollout`) and the share of tokens beyond C
+    (`rollout_is_clipfrac`) are recorded in every mode. verl's `rollout_is` / `rollout_is_threshold`."""
+    rollout_is_threshold: float = Field(default=2.0, gt=1, le=1000)
+    """C: the cap of the importance weights of `rollout_is`."""
     kl_reference: Literal["initial", "ema"] = "initial"
     """The reference policy of the KL term (beta > 0): "initial", the run's initial model; "ema",
     an exponential moving average of the policy, pi_ref <- d * pi_ref + (1 - d) * pi_theta after

@@ -218,6 +218,48 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+ROLLOUT_IS_MODES = ("none", "truncate", "mask")
+
+
+def rollout_is_weights(
+    prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Importance weights of the policy the loss is taken around over the policy that sampled:
+    w = pi_prox / pi_behav = exp(prox_logp - behav_logp) per token (no gradient). pi_prox is the
+    learner's policy version k (its own log-probs); pi_behav the sampler's (vLLM's, in bf16: the
+    rollout/learner mismatch; or an older version with bounded staleness — the decoupled PPO
+    objective of AReaL, Fu et al. 2025, takes its clipped ratio around pi_prox and this weight).
+
+    - "truncate" (truncated IS, Yao et al. 2025's TIS; verl's rollout_is): min(w, C);
+    - "mask" (masked IS): w where 1/C <= w <= C, else 0 (the token does not train);
+    - "none": 1 (the paper's recipe), the metrics still measured.
+
+    Returns (B, L) weights and sums over the masked tokens: `rollout_is_weight` (of the weights
+    applied) and `rollout_is_clipfrac` (tokens whose w is beyond C, or outside [1/C, C] with "mask").
+
+    >>> w, s = rollout_is_weights(torch.log(torch.tensor([[0.5, 0.9, 0.1]])), torch.log(torch.tensor([[0.5, 0.3, 0.4]])), torch.ones(1, 3), "truncate", 2.0)
+    >>> [round(x, 4) for x in w[0].tolist()], s["rollout_is_clipfrac"].item()
+    ([1.0, 2.0, 0.25], 1.0)
+    >>> w, s = rollout_is_weights(torch.log(torch.tensor([[0.5, 0.9, 0.1]])), torch.log(torch.tensor([[0.5, 0.3, 0.4]])), torch.ones(1, 3), "mask", 2.0)
+    >>> [round(x, 4) for x in w[0].tolist()], s["rollout_is_clipfrac"].item()
+    ([1.0, 0.0, 0.0], 2.0)
+    """
+    if mode not in ROLLOUT_IS_MODES:
+        raise ValueError(f"rollout_is must be one of {ROLLOUT_IS_MODES}, got {mode!r}")
+    m = mask.to(torch.float64)
+    with torch.no_grad():
+        log_w = (prox_logp.detach().double() - behav_logp.double()) * m  # 0 off the response: w = 1 there
+        w = torch.exp(torch.clamp(log_w, max=80.0))
+        if mode == "mask":
+            beyond = (w > threshold) | (w < 1.0 / threshold)
+            applied = torch.where(beyond, torch.zeros_like(w), w)
+        else:
+            beyond = w > threshold
+            applied = torch.clamp(w, max=threshold) if mode == "truncate" else torch.ones_like(w)
+        sums = {"rollout_is_weight": (applied * m).sum(), "rollout_is_clipfrac": (beyond.to(torch.float64) * m).sum()}
+    return applied.to(prox_logp.dtype), sums
+
+
 def ppo_clip_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -227,13 +269,16 @@ def ppo_clip_loss(
     clip_low: float,
     clip_high: float,
     dual_clip: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO clipped policy loss with clip-higher (the first term of paper eq. 3.1).
 
     L = -(1/N) * sum_tokens min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A),
     rho = exp(logp - old_logp), N = `num_tokens` (all response tokens of the SGD mini-batch).
     Dual clip (Ye et al. 2020, verl's `clip_ratio_c`): for A < 0 the per-token loss is capped at
-    -dual_clip * A.
+    -dual_clip * A. `is_weights` (B, L), when given, multiplies each token's term (no gradient
+    through them): the decoupled objective, w_t * min(rho_t A, clip(rho_t) A), with rho taken
+    around old_logp = pi_prox and w = pi_prox / pi_behav (`rollout_is_weights`).
 
     logp, old_logp: (B, L) log-probabilities of the taken tokens; advantages: (B, L) or (B, 1);
     mask: (B, L) 1 on response tokens. Returns the loss (this micro-batch's share of the batch
@@ -257,6 +302,8 @@ def ppo_clip_loss(
         cap = -advantages * dual_clip
         dual = (advantages < 0) & (per_token > cap)
         per_token = torch.where(advantages < 0, torch.minimum(per_token, cap), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = (per_token * mask).sum() / num_tokens
     with torch.no_grad():
         adv = advantages.expand_as(ratio)
@@ -284,11 +331,15 @@ class LossConfig:
     """alpha_k, the entropy bonus's coefficient this step (§3.2.5)."""
     kl_coef: float = 0.0
     """beta, the weight of the k3 KL to the reference policy (§3.2.6)."""
+    rollout_is: str = "none"
+    """The sampler/learner correction (`rollout_is_weights`): "none", "truncate" or "mask"."""
+    rollout_is_threshold: float = 2.0
+    """C of `rollout_is`."""
 
     @classmethod
     def for_stage(cls, stage: StageConfig, entropy_coef: float) -> "LossConfig":
-        """The stage's clip range, dual clip and beta, with this step's alpha_k."""
-        return cls(stage.clip_low, stage.clip_high, stage.dual_clip, entropy_coef, stage.kl_coef)
+        """The stage's clip range, dual clip, beta and rollout correction, with this step's alpha_k."""
+        return cls(stage.clip_low, stage.clip_high, stage.dual_clip, entropy_coef, stage.kl_coef, stage.rollout_is, stage.rollout_is_threshold)
 
 
 def magic_loss(
@@ -301,6 +352,7 @@ def magic_loss(
     *,
     entropy: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    behaviour_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The MAGIC objective (paper eq. 3.1 plus the k3 term of §3.2.6), token-level over the batch:
 
@@ -308,12 +360,24 @@ def magic_loss(
 
     with alpha_k = `config.entropy_coef` and beta = `config.kl_coef`. entropy: (B, L)
     full-vocabulary entropy of pi_theta at each position (needed when alpha_k > 0); ref_logp:
-    (B, L) reference log-probs (needed when beta > 0). Returns this micro-batch's share of the
-    loss and metric sums over its tokens (see `ppo_clip_loss`, plus `loss`, `pg_loss`, `entropy`
-    and `kl_ref`).
+    (B, L) reference log-probs (needed when beta > 0); behaviour_logp: (B, L) the sampler's
+    log-probs of the sampled tokens: with `config.rollout_is` the policy-gradient term of each
+    token is weighted by `rollout_is_weights(old_logp, behaviour_logp)` (old_logp is pi_prox, the
+    learner's policy version k), and its sums are reported in every mode. Returns this
+    micro-batch's share of the loss and metric sums over its tokens (see `ppo_clip_loss`, plus
+    `loss`, `pg_loss`, `entropy`, `kl_ref`, `rollout_is_weight`, `rollout_is_clipfrac`).
     """
     entropy_coef, kl_coef = config.entropy_coef, config.kl_coef
-    loss, sums = ppo_clip_loss(logp, old_logp, advantages, mask, num_tokens, config.clip_low, config.clip_high, config.dual_clip)
+    weights, is_sums = None, {}
+    if behaviour_logp is not None:
+        weights, is_sums = rollout_is_weights(old_logp, behaviour_logp, mask, config.rollout_is, config.rollout_is_threshold)
+    elif config.rollout_is != "none":
+        raise ValueError("rollout_is needs the sampler's log-probs")
+    loss, sums = ppo_clip_loss(
+        logp, old_logp, advantages, mask, num_tokens, config.clip_low, config.clip_high, config.dual_clip,
+        is_weights=weights if config.rollout_is != "none" else None,
+    )
+    sums.update(is_sums)
     m = mask.to(logp.dtype)
     sums["pg_loss"] = loss.detach() * num_tokens
     if entropy is not None:

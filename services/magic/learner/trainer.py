@@ -44,7 +44,10 @@ from magic.protocol.pb import messages_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-SUM_KEYS = ("loss", "pg_loss", "entropy", "pg_clipfrac_high", "pg_clipfrac_low", "pg_clipfrac_dual", "kl_old", "ppo_kl", "kl_ref")
+SUM_KEYS = (
+    "loss", "pg_loss", "entropy", "pg_clipfrac_high", "pg_clipfrac_low", "pg_clipfrac_dual", "kl_old", "ppo_kl", "kl_ref",
+    "rollout_is_weight", "rollout_is_clipfrac",
+)
 
 
 @dataclass
@@ -136,7 +139,9 @@ class Trainer:
             mask = t["response_mask"]
             old = logp.detach() if on_policy else t["old_logp"]  # on-policy: ratio 1 by construction
             ref_logp = t["ref_logp"] if loss_config.kl_coef > 0 else None
-            loss, parts = core_algos.magic_loss(logp, old, t["advantages"], mask, num_tokens, loss_config, entropy=entropy, ref_logp=ref_logp)
+            loss, parts = core_algos.magic_loss(
+                logp, old, t["advantages"], mask, num_tokens, loss_config, entropy=entropy, ref_logp=ref_logp, behaviour_logp=t["rollout_logp"]
+            )
             self.backend.backward(loss, last=i == len(mbs) - 1)
             with torch.no_grad():
                 for j, k in enumerate(SUM_KEYS):

@@ -81,6 +81,12 @@ ENTROPY_ALPHA = FigureGauge("magic_entropy_alpha", "Entropy-bonus weight alpha_k
 ADVANTAGE = FigureGauge("magic_advantage", "Advantages of the trained samples: stat=mean|std|abs_max", ["stat"])
 SGD_STEPS = FigureGauge("magic_sgd_steps", "Optimizer steps of the last on-policy step (N_SGD = D_R / D_T * N_reuse)")
 ZERO_ADV_GROUP_RATIO = FigureGauge("magic_zero_adv_group_ratio", "Fraction of groups whose advantages are all zero (rejected)")
+ROLLOUT_IS = FigureGauge(
+    "magic_rollout_is",
+    "Importance weights w = pi_learner / pi_sampler of the sampled tokens (stage rollout_is): stat=clipfrac (share beyond the cap C), "
+    "stat=weight_mean (mean weight applied; 1 with rollout_is none)",
+    ["stat"],
+)
 GRAD_NORM = FigureGauge("magic_grad_norm", "Global gradient L2 norm before clipping")
 PG_LOSS = FigureGauge("magic_pg_loss", "Policy-gradient loss of the last step")
 VERSION_MISMATCH = Counter("magic_version_mismatch", "Samples dropped because their policy version differs from the step's")
@@ -99,6 +105,8 @@ STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
     "ppo_kl": (KL, {"kind": "ppo"}),
     "kl_ref": (KL, {"kind": "ref"}),
     "kl_rollout": (KL, {"kind": "rollout"}),
+    "rollout_is_clipfrac": (ROLLOUT_IS, {"stat": "clipfrac"}),
+    "rollout_is_weight": (ROLLOUT_IS, {"stat": "weight_mean"}),
     "entropy_alpha": (ENTROPY_ALPHA, {}),
     "advantage_mean": (ADVANTAGE, {"stat": "mean"}),
     "advantage_std": (ADVANTAGE, {"stat": "std"}),

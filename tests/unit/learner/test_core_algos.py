@@ -121,6 +121,38 @@ def test_dual_clip_caps_the_loss_of_negative_advantages():
     assert no_dual.item() == pytest.approx((5.0 + 2.0 - 1.28) / 3, rel=1e-6)
 
 
+def test_decoupled_loss_weights_each_token_by_the_truncated_proximal_over_behaviour_ratio():
+    """AReaL's decoupled PPO objective: the ratio is taken around pi_prox (the learner's version k),
+    each token weighted by w = min(pi_prox / pi_behav, C). Hand-computed: four tokens, C = 2."""
+    prox = torch.log(torch.tensor([[0.5, 0.9, 0.1, 0.4]], dtype=torch.float64))
+    behav = torch.log(torch.tensor([[0.5, 0.3, 0.4, 0.1]], dtype=torch.float64))  # w = 1, 3 -> 2, 0.25, 4 -> 2
+    ratios = torch.tensor([[1.5, 1.0, 0.5, 1.1]], dtype=torch.float64)  # pi_theta / pi_prox
+    logp = prox + torch.log(ratios)
+    adv = torch.tensor([[2.0, 1.0, -1.0, -2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 4)
+    config = core_algos.LossConfig(clip_low=0.2, clip_high=0.28, rollout_is="truncate", rollout_is_threshold=2.0)
+    loss, sums = core_algos.magic_loss(logp, prox, adv, mask, 4, config, behaviour_logp=behav)
+    # per token min(rho A, clip(rho) A): 1.28*2 = 2.56; 1*1 = 1; min(-0.5, -0.8) = -0.8; min(-2.2, -2.2) = -2.2
+    expected = -(1.0 * 2.56 + 2.0 * 1.0 + 0.25 * -0.8 + 2.0 * -2.2) / 4
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert sums["rollout_is_clipfrac"].item() == 2 and sums["rollout_is_weight"].item() == pytest.approx(1 + 2 + 0.25 + 2)
+    masked = core_algos.LossConfig(clip_low=0.2, clip_high=0.28, rollout_is="mask", rollout_is_threshold=2.0)
+    loss, sums = core_algos.magic_loss(logp, prox, adv, mask, 4, masked, behaviour_logp=behav)
+    assert loss.item() == pytest.approx(-(1.0 * 2.56) / 4, rel=1e-12)  # w = 3, 0.25 and 4 are outside [1/2, 2]: those tokens do not train
+    assert sums["rollout_is_clipfrac"].item() == 3
+    plain = core_algos.LossConfig(clip_low=0.2, clip_high=0.28)
+    loss, sums = core_algos.magic_loss(logp, prox, adv, mask, 4, plain, behaviour_logp=behav)
+    assert loss.item() == pytest.approx(-(2.56 + 1.0 - 0.8 - 2.2) / 4, rel=1e-12)  # "none": the paper's loss, the share still measured
+    assert sums["rollout_is_clipfrac"].item() == 2
+    logp.requires_grad_(True)  # the weights carry no gradient: d loss / d logp = w * (d per-token term)
+    loss, _ = core_algos.magic_loss(logp, prox, adv, mask, 4, config, behaviour_logp=behav)
+    loss.backward()
+    # unclipped tokens (2nd: rho = 1, A = 1) have d/dlogp of -w rho A / N = -2 * 1 * 1 / 4
+    assert logp.grad[0, 1].item() == pytest.approx(-0.5, rel=1e-12) and logp.grad[0, 0].item() == 0.0  # the 1st is clipped
+    with pytest.raises(ValueError, match="sampler's log-probs"):
+        core_algos.magic_loss(logp, prox, adv, mask, 4, config)
+
+
 def test_ppo_clip_loss_is_a_token_sum_over_the_batch_count():
     torch.manual_seed(0)
     logp = torch.randn(4, 5)

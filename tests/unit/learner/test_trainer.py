@@ -3,6 +3,8 @@ the on-policy shortcut, rejection sampling and the per-step metrics."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from learner_batches import scored_groups, stage
@@ -108,6 +110,44 @@ def test_on_policy_step_has_ratio_one_and_reports_every_metric(tiny_model_dir):
     flat = [s for g in seqs for s in g]
     expected = -sum(s.advantage * s.response_len for s in flat) / sum(s.response_len for s in flat)
     assert rec["pg_loss"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_rollout_correction_weights_the_update_by_the_sampler_mismatch(tiny_model_dir):
+    """With the sampler's log-probs equal to the learner's the correction changes nothing; with a
+    sampler that put a quarter of the learner's probability on every token, "truncate" weighs
+    each token by C and "mask" drops them all, and the clipped share says so in every mode."""
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    groups = scored_groups(0, 4, 4, vocab, seed=11)
+    probe = make_trainer(tiny_model_dir, 64, with_reference=False)
+    learner_logp = {}  # the learner's own log-probs of every sampled token (policy version 0)
+    st = stage(D_T=None, N_reuse=1, beta=0.0, dual_clip=None, entropy={"adaptive": False, "coef": 0.0})
+    for i, g in enumerate(groups):
+        for j, smp in enumerate(g.rollout.samples):
+            ids = torch.tensor([list(g.rollout.prompt_ids) + list(smp.response_ids)])
+            logp, _ = probe.backend.forward(ids, torch.ones_like(ids), st.temperature)
+            n = len(smp.response_ids)
+            learner_logp[i, j] = logp[0, -n:].tolist()
+
+    def run(mode: str, shift: float):
+        for i, g in enumerate(groups):
+            for j, smp in enumerate(g.rollout.samples):
+                del smp.logprobs[:]
+                smp.logprobs.extend(x + shift for x in learner_logp[i, j])
+        trainer = make_trainer(tiny_model_dir, 64, with_reference=False)
+        rec = trainer.train_step(groups, version=0, stage=stage(D_T=None, N_reuse=1, beta=0.0, dual_clip=None, entropy={"adaptive": False, "coef": 0.0},
+                                                               rollout_is=mode, rollout_is_threshold=2.0))
+        return rec, weights(trainer)
+
+    base, base_w = run("none", 0.0)
+    same, same_w = run("truncate", 0.0)
+    assert same["rollout_is_clipfrac"] == 0.0 and same["rollout_is_weight"] == pytest.approx(1.0, abs=1e-6)
+    assert all(torch.allclose(same_w[k], base_w[k], atol=1e-6) for k in base_w)  # the sampler's log-probs travel as float32: w = 1 +- 1e-7
+    far, _ = run("none", -math.log(4.0))  # w = 4 on every token, beyond C = 2
+    assert far["rollout_is_clipfrac"] == pytest.approx(1.0) and far["kl_rollout"] > 0.5
+    truncated, _ = run("truncate", -math.log(4.0))
+    assert truncated["pg_loss"] == pytest.approx(2.0 * far["pg_loss"], rel=1e-6)  # every token weighted by C
+    masked, masked_w = run("mask", -math.log(4.0))
+    assert masked["pg_loss"] == 0.0 and masked["rollout_is_weight"] == 0.0
 
 
 def test_versions_other_than_the_step_are_not_trained(tiny_model_dir):
