@@ -92,7 +92,7 @@ def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConf
         metrics.update(zero_adv_group_ratio=1.0 if groups else 0.0, groups_trained=0.0, groups_rejected=0.0)
         return [], metrics
     width = max(len(g.rollout.samples) for g in kept_groups)  # ragged only if an engine returned fewer samples
-    rewards = torch.zeros(len(kept_groups), width, dtype=torch.float32)
+    rewards = torch.zeros(len(kept_groups), width, dtype=torch.float64)  # float64: the streamed step computes the same figures group by group
     valid = torch.zeros(len(kept_groups), width, dtype=torch.bool)
     truncated = torch.zeros(len(kept_groups), width, dtype=torch.bool)
     for i, g in enumerate(kept_groups):

@@ -43,6 +43,11 @@ class StepLedger(Generic[T]):
         s = self._steps.get(step)
         return len(s.items) if s else 0
 
+    def items(self, step: int) -> dict[str, T]:
+        """The step's items so far, by group id (arrival order)."""
+        s = self._steps.get(step)
+        return dict(s.items) if s else {}
+
     def is_complete(self, step: int, expected: int) -> bool:
         return self.count(step) >= expected
 

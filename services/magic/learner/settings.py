@@ -40,6 +40,10 @@ class LearnerSettings(ServiceSettings):
     """Dtype of the weights handed to the weight transport (the rollout engine's model dtype:
     bfloat16 for vLLM). "auto": bfloat16 with precision "bf16", float32 with "fp32". The
     checkpoints always keep the float32 master weights."""
+    stream: bool = True
+    """Train each scored group of an on-policy step as it arrives and apply the update when the
+    last is in (`magic.learner.streaming`: the same update as waiting for the whole batch); false,
+    or a step that cannot stream (N_SGD > 1, DeepSpeed), trains the whole batch at once."""
     checkpoint_every: int = Field(default=20, ge=0)
     """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) every
     this many steps; 0 disables them. The weights themselves reach the volume every step through

@@ -39,7 +39,7 @@ import torch
 from magic import modeling
 from magic.prompts import load_tokenizer
 from magic.config.schema import RunSpec, StageConfig
-from magic.learner import backends, checkpoints, memory
+from magic.learner import backends, checkpoints, memory, streaming
 from magic.learner.checkpoints import latest_checkpoint
 from magic.learner.ledger import StepLedger
 from magic.learner.loading import check_files
@@ -187,6 +187,9 @@ class LearnerWorker(Worker):
         self.weights = channels.stream("weights")
         self.steps = channels.steps
         self.ledger: StepLedger[pb.ScoredGroup] = StepLedger()
+        self._stream: streaming.StreamingStep | None = None  # the step being trained group by group
+        self._streamed: set[str] = set()
+        self._stream_refused: tuple[int, str] | None = None
         self.ckpt_root = checkpoint_root(settings, run_id)
         self.armed = settings.armed_faults
         self.weight_sender = make_sender(
@@ -329,8 +332,30 @@ class LearnerWorker(Worker):
         for entry in entries:
             self.collect(entry)
         record = self.published(self.step)
-        if record is not None and self.ledger.is_complete(self.step, record.expected):
-            self.train_and_publish(record)
+        if record is not None:
+            self._stream_arrivals(record)
+            if self.ledger.is_complete(self.step, record.expected):
+                self.train_and_publish(record)
+
+    def _stream_arrivals(self, record: StepRecord) -> None:
+        """Train the step's groups that arrived since the last poll (on-policy steps that can
+        stream, `magic.learner.streaming`); the update waits for the last group."""
+        if not self.settings.stream:
+            return
+        k, stage = record.step, record.stage_config
+        if self._stream is None or self._stream.version != k:
+            reason = streaming.why_not(stage, self.trainer.backend)
+            if reason is not None:
+                if self._stream_refused != (k, reason):
+                    log.info("step %d trains the whole batch at once: %s", k, reason)
+                    self._stream_refused = (k, reason)
+                return
+            self.check_stage(stage)  # a stage appended after the run attached: its plan, before training it
+            self._stream, self._streamed = streaming.StreamingStep(self.trainer, k, stage), set()
+        for group_id, group in self.ledger.items(k).items():
+            if group_id not in self._streamed:
+                self._stream.add(group)
+                self._streamed.add(group_id)
 
     def published(self, k: int) -> StepRecord | None:
         """Step k's record (its D_R and stage) once the controller published it. The stage's
@@ -380,11 +405,17 @@ class LearnerWorker(Worker):
         batch_complete_at = time.time()
         stage = record.stage_config
         self.check_stage(stage)  # a stage appended after the run attached: its plan, before training it
+        self._stream_arrivals(record)
         groups, entry_ids = self.ledger.pop(k)
         faults.point(self.armed, "learner.collected", k)
         t0 = time.perf_counter()
-        _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
-        record = self.trainer.train_step(groups, version=k, stage=stage)
+        if self._stream is not None and self._stream.version == k:  # every group trained as it came: apply the update
+            record, self._stream = self._stream.finish(), None
+            record["streamed"] = 1.0
+        else:
+            _broadcast(("train", [g.SerializeToString() for g in groups], k, stage.model_dump_json()))
+            record = self.trainer.train_step(groups, version=k, stage=stage)
+            record["streamed"] = 0.0
         train_seconds = time.perf_counter() - t0
         record["duplicates"] = float(self.ledger.duplicates)
         record["optimizer_reset"] = 1.0 if self._optimizer_reset else 0.0  # AdamW's moments started afresh at this step
