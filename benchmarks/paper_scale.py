@@ -128,15 +128,47 @@ class StandInEngine:
         pass
 
 
-class StandInTrainer:
-    """The learner's trainer, minus the training: sleeps, reports what it was given."""
+def seconds_per_token(train_seconds: float, groups: int, group_size: int, max_tokens: int) -> float:
+    """The stand-in learner's pace: `train_seconds` for a batch of the expected size (D_R x gs
+    responses of the long-tailed lengths), so its time grows with the tokens it is given."""
+    mean = sum(response_lengths(random.Random(7), 20_000, max_tokens)) / 20_000
+    return train_seconds / (groups * group_size * mean)
 
-    def __init__(self, train_seconds: float):
+
+def _tokens(groups) -> int:
+    return sum(len(s.response_ids) for g in groups for s in g.rollout.samples)
+
+
+class StandInStreaming:
+    """`magic.learner.streaming` for the stand-in trainer: each arriving group takes its tokens'
+    share of the step's training time at once; the update at the end takes none."""
+
+    class StreamingStep:
+        def __init__(self, trainer, version, stage):
+            self.trainer, self.version, self.groups = trainer, version, []
+
+        def add(self, group):
+            self.groups.append(group)
+            time.sleep(self.trainer.per_token * _tokens([group]))
+
+        def finish(self):
+            return self.trainer.figures(self.groups, self.version)
+
+    @staticmethod
+    def why_not(stage, backend):
+        return None
+
+
+class StandInTrainer:
+    """The learner's trainer, minus the training: sleeps in proportion to the tokens it is given,
+    reports what it was given."""
+
+    def __init__(self, per_token: float):
         import torch
 
         from magic.learner.entropy import EntropyController
 
-        self.train_seconds = train_seconds
+        self.per_token = per_token
         self.controller = EntropyController()
         state = {"w": torch.zeros(4)}
 
@@ -150,7 +182,10 @@ class StandInTrainer:
         self.backend = Backend()
 
     def train_step(self, groups, version, stage):
-        time.sleep(self.train_seconds)
+        time.sleep(self.per_token * _tokens(groups))
+        return self.figures(groups, version)
+
+    def figures(self, groups, version):
         samples = [s for g in groups for s in g.scores]
         mismatch = sum(1 for g in groups for s in g.rollout.samples if s.policy_version != version)
         return {
@@ -194,7 +229,9 @@ def serve_learner(args) -> int:
     from magic.runtime.service import serve
 
     settings = LearnerSettings()
-    lw._attach = lambda *a, **k: StandInTrainer(args.train_seconds)  # the stand-in trainer
+    per_token = seconds_per_token(args.train_seconds, args.groups, args.group_size, args.max_tokens)
+    lw._attach = lambda *a, **k: StandInTrainer(per_token)  # the stand-in trainer
+    lw.streaming = StandInStreaming  # MAGIC_STREAM decides: each group trains as it arrives, or the whole batch at the end
     return serve(lw.SERVICE, settings, lambda channels: lw.LearnerWorker(channels, settings))
 
 
@@ -265,7 +302,8 @@ def run(args) -> dict:
     sup = Supervisor(tmp / "logs", base)
     procs: list[subprocess.Popen] = []
     me = [sys.executable, str(Path(__file__).resolve()), "--generation-seconds", str(args.generation_seconds),
-          "--train-seconds", str(args.train_seconds), "--vocab", str(args.vocab)]
+          "--train-seconds", str(args.train_seconds), "--vocab", str(args.vocab), "--groups", str(args.groups),
+          "--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens)]
     try:
         sup.start("controller", "magic.controller", {"MAGIC_PORT": str(port), "MAGIC_STEP_TIMEOUT_SECONDS": "7200",
                                                      "MAGIC_TRIM_STREAMS": "false" if args.keep_streams else "true"})
@@ -278,7 +316,8 @@ def run(args) -> dict:
             procs.append(subprocess.Popen(me + ["--role", "rollout"], env={**env, "MAGIC_WORKER_NAME": f"rollout-{i}", "MAGIC_MAX_BATCH_SEQUENCES": str(per_worker)},
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         log = (tmp / "logs" / "learner.log").open("ab")
-        procs.append(subprocess.Popen(me + ["--role", "learner"], env={**env, "MAGIC_WORKER_NAME": "learner", "MAGIC_CHECKPOINT_EVERY": "0"},
+        procs.append(subprocess.Popen(me + ["--role", "learner"], env={**env, "MAGIC_WORKER_NAME": "learner", "MAGIC_CHECKPOINT_EVERY": "0",
+                                                                      "MAGIC_STREAM": "true" if args.stream else "false"},
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         deadline = time.monotonic() + 300
@@ -302,8 +341,9 @@ def run(args) -> dict:
         if resp.status_code != 201:
             raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")
         k = keys.RunKeys(RUN)
+        per_token = seconds_per_token(args.train_seconds, args.groups, args.group_size, args.max_tokens)
         print(f"D_R={args.groups} gs={args.group_size} T={args.max_tokens} steps={args.steps}; stand-in generation {args.generation_seconds}s, "
-              f"training {args.train_seconds}s; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
+              f"training {args.train_seconds}s ({'streamed: each group as it arrives' if args.stream else 'the whole batch at the end'}); {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
               f"appendfsync {args.appendfsync or '(no AOF)'}; logs {tmp / 'logs'}")
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
               f"{'through MB':>10} {'reward/s':>9} {'val s':>6}  streams (prompts rollouts scored events weights dead)")
@@ -323,11 +363,15 @@ def run(args) -> dict:
                 total = rec["step_seconds_total"]
                 # generation: the stand-in fleet's time for the step (its longest response); training: the stand-in's sleep
                 generation = args.generation_seconds * rec.get("longest_response", args.max_tokens) / args.max_tokens
-                orch = max(0.0, total - generation - args.train_seconds)
+                training = per_token * rec.get("tokens_trained", 0)  # the stand-in's time for this step's tokens
+                # barrier: generation then training; streaming: training overlaps generation, the step's floor is the longer of the two
+                floor = max(generation, training) if args.stream else generation + training
+                orch = max(0.0, total - floor)
                 row = {
                     "step": rec["step"], "total_s": total, "rollout_s": rec["step_seconds_rollout"], "train_s": rec["step_seconds_train"],
                     "sync_s": rec["step_seconds_weight_sync"], "other_s": rec["step_seconds_other"], "orchestration_s": orch,
                     "orchestration_fraction": orch / total if total else 0.0, "redis_used_bytes": fig["used_memory"], "redis_peak_bytes": peak,
+                    "generation_s": generation, "training_s": training, "over_max": total / max(generation, training, 1e-9),
                     "bytes_through_redis": fig["net_bytes"] - before["net_bytes"], "streams": fig["streams"],
                     "samples": rec.get("samples", 0), "distinct_groups": rec.get("distinct_groups", 0), "version_mismatch": rec.get("version_mismatch", 0),
                     "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
@@ -361,7 +405,11 @@ def run(args) -> dict:
         }
         mb = 2**20
         tokens = sum(s["tokens"] for s in steps) / len(steps)
-        print(f"\n{len(steps)} steps in {wall:.0f}s; Redis used {summary['redis_used_bytes_first'] / mb:.1f} MB after step 0, "
+        later = steps[1:] or steps  # step 0 includes the fleet's start
+        print(f"\ngeneration {sum(s['generation_s'] for s in later) / len(later):.1f}s, training {sum(s['training_s'] for s in later) / len(later):.1f}s, "
+              f"step {sum(s['total_s'] for s in later) / len(later):.1f}s a step after the first: {sum(s['over_max'] for s in later) / len(later):.2f} x "
+              f"max(generation, training), orchestration {sum(s['orchestration_s'] for s in later) / len(later):.2f}s")
+        print(f"{len(steps)} steps in {wall:.0f}s; Redis used {summary['redis_used_bytes_first'] / mb:.1f} MB after step 0, "
               f"{summary['redis_used_bytes_last'] / mb:.1f} MB after the last, peak {summary['redis_peak_bytes'] / mb:.1f} MB; "
               f"{sum(s['bytes_through_redis'] for s in steps) / len(steps) / mb:.0f} MB through Redis per step "
               f"({tokens / 1e6:.1f}M response tokens per step); "
@@ -407,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16384, help="T: longest response")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--generation-seconds", type=float, default=60.0, help="time the stand-in fleet takes for a group whose longest response is T tokens")
-    ap.add_argument("--train-seconds", type=float, default=5.0, help="the stand-in learner step")
+    ap.add_argument("--train-seconds", type=float, default=5.0, help="the stand-in learner's step on a batch of the expected size (it grows with the tokens)")
+    ap.add_argument("--stream", action="store_true", help="the learner trains each group as it arrives (MAGIC_STREAM; default: the whole batch at the end)")
     ap.add_argument("--rollout-workers", type=int, default=1)
     ap.add_argument("--reward-workers", type=int, default=1)
     ap.add_argument("--reward-processes", type=int, default=0, help="verifier processes of each reward worker, MAGIC_MATH__WORKERS (0: one per core)")

@@ -65,7 +65,7 @@ def test_generated_secrets_come_from_a_hook_job_that_keeps_existing_ones(chart):
     role = one(docs, "Role", f"{RELEASE}-magic-secrets")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
-         "resourceNames": [f"{RELEASE}-magic-auth", f"{RELEASE}-magic-redis", *(f"{RELEASE}-magic-redis-{role}" for role in ROLES)]},
+         "resourceNames": [f"{RELEASE}-magic-auth", f"{RELEASE}-magic-redis", f"{RELEASE}-magic-codejudge-token", *(f"{RELEASE}-magic-redis-{role}" for role in ROLES)]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
     for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap"):  # exist before the Job runs
@@ -78,7 +78,8 @@ def test_generated_secrets_come_from_a_hook_job_that_keeps_existing_ones(chart):
 
 def test_given_or_existing_secrets_need_no_hook(chart):
     acl = {role: f"{role}-pw" for role in ROLES}  # the services' Redis users' passwords
-    given = render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "p-ass.word_1"}, "acl": {"passwords": acl}}})
+    given = render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "p-ass.word_1"}, "acl": {"passwords": acl}},
+                           "codeJudge": {"tokenSecret": {"name": "judge-token"}}})
     assert not objects(given, "Job")
     assert base64.b64decode(one(given, "Secret", f"{RELEASE}-magic-auth")["data"]["api-token"]) == b"t" * 24
     assert all(base64.b64decode(one(given, "Secret", f"{RELEASE}-magic-redis-{r}")["data"]["redis-password"]) == p.encode() for r, p in acl.items())
@@ -86,9 +87,12 @@ def test_given_or_existing_secrets_need_no_hook(chart):
     (job,) = objects(only_token, "Job")
     assert json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"]) == [
         {"name": f"{RELEASE}-magic-redis", "key": "redis-password", "length": 32},
+        {"name": f"{RELEASE}-magic-codejudge-token", "key": "api-token", "length": 32},  # the code judge's own token
         *({"name": f"{RELEASE}-magic-redis-{role}", "key": "redis-password", "length": 32} for role in ROLES),
     ]
-    assert not objects(render(chart, value_set("external-redis")), "Job")
+    (job,) = objects(render(chart, value_set("external-redis")), "Job")  # every other Secret given: only the judge's is generated
+    assert json.loads(env(job["spec"]["template"]["spec"]["containers"][0])["MAGIC_SECRETS"]) == [
+        {"name": f"{RELEASE}-magic-codejudge-token", "key": "api-token", "length": 32}]
 
 
 def test_generated_secret_is_owned_by_the_release_and_url_safe():
@@ -139,8 +143,8 @@ def test_a_redis_password_change_restarts_redis_and_its_clients_but_a_token_chan
     password = workloads(render(chart, {"auth": {"apiToken": "t" * 24}, "redis": {"auth": {"password": "another-password"}}}))
     token = workloads(render(chart, {"auth": {"apiToken": "u" * 24}, "redis": {"auth": {"password": "one-password"}}}))
     assert {c for c in base if base[c] != password[c]} == {"controller", "rollout", "reward", "learner", "redis"}  # the code judge has no Redis
-    # the controller's API, the reward pods' POST /v1/score and the code judge's POST /v1/judge check the token
-    assert {c for c in base if base[c] != token[c]} == {"controller", "reward", "codejudge"}
+    # the controller's API and the reward pods' POST /v1/score check the token (the code judge has a token of its own)
+    assert {c for c in base if base[c] != token[c]} == {"controller", "reward"}
 
 
 def test_a_rollout_update_needs_no_spare_gpu(chart):

@@ -166,7 +166,7 @@ def scraped_run(tmp_path_factory, guessing_model, chart):
                                                      "MAGIC_SANDBOX__SLOTS": "1"})
         for component in ("rollout", "reward", "learner"):
             sup.start(f"{component}-0", f"magic.{component}", {"MAGIC_METRICS_PORT": str(ports[component]), "MAGIC_SCORE_PORT": str(score_port), "MAGIC_API_TOKEN": SCORE_TOKEN,
-                                                              "MAGIC_CODE_JUDGE__URL": f"http://127.0.0.1:{judge_port}"})
+                                                              "MAGIC_CODE_JUDGE__URL": f"http://127.0.0.1:{judge_port}", "MAGIC_CODE_JUDGE__API_TOKEN": SCORE_TOKEN})
         wait_for(prometheus.ready, 60, "Prometheus to start")
         wait_for(lambda: set(prometheus.targets_up().values()) == {"up"} and len(prometheus.targets_up()) == 5, 120, "every service to be scraped", sup)
 

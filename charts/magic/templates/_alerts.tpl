@@ -94,15 +94,15 @@ groups:
           description: >-
             Release {{ "{{" }} $labels.release {{ "}}" }}: {{ "{{" }} $value | humanizePercentage {{ "}}" }} of the
             {{ "{{" }} $labels.kind {{ "}}" }} responses get verdict `error` (reward 0 whatever the answer): the
-            verifier or the code sandbox failed. The reward pods' logs say why (for code: the sandbox's
-            self-check at start).
+            verifier or the code judge failed. The reward pods' logs say why (for code: the code judge's
+            log, its sandbox's self-check at start).
       - alert: MagicTargetDown
         {{- /* vLLM is scraped through its rollout worker: magic_vllm_up says whether the worker could read it.
         A learner pod serves /metrics only once torchrun's rendezvous and DeepSpeed have started (up to the
         startup budget on a multi-node start): its target counts here once it has answered within that
         budget; one that stays down through the whole budget is MagicLearnerDown. */}}
         expr: >-
-          (up{component=~"controller|rollout|reward|redis", {{ $sel }}} == 0)
+          (up{component=~"controller|rollout|reward|codejudge|redis", {{ $sel }}} == 0)
           or (up{component="learner", {{ $sel }}} == 0 and max_over_time(up{component="learner", {{ $sel }}}[{{ $learnerStart }}]) == 1)
           or label_replace(magic_vllm_up{component="rollout", {{ $sel }}} == 0, "component", "vllm", "", "")
         for: {{ $a.targetDown.for }}

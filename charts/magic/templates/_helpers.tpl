@@ -234,6 +234,18 @@ role's ACL user's, or without a role the default user's: the helm test), redis-u
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the code judge's own bearer token (never the release's API token: the judge
+runs untrusted code): codeJudge.tokenSecret, or one the hook Job generates for a judge deployed
+with the release. {"name", "key"} as JSON */}}
+{{- define "magic.codeJudgeTokenSecret" -}}
+{{- $t := .Values.codeJudge.tokenSecret }}
+{{- if $t.name }}
+{{- toJson (dict "name" $t.name "key" ($t.key | default "api-token")) }}
+{{- else }}
+{{- toJson (dict "name" (include "magic.componentName" (dict "root" . "component" "codejudge-token")) "key" "api-token") }}
+{{- end }}
+{{- end }}
+
 {{/* Where the reward pods send code answers: the release's code judge, or codeJudge.url */}}
 {{- define "magic.codeJudgeUrl" -}}
 {{- if .Values.codeJudge.enabled -}}
@@ -380,6 +392,9 @@ A list of {name, key, length}. */}}
 {{- if and .Values.redis.enabled .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) (not .Values.redis.auth.password) }}
 {{- $out = append $out (dict "name" (include "magic.redisSecretName" .) "key" .Values.redis.auth.existingSecretPasswordKey "length" 32) }}
 {{- end }}
+{{- if and .Values.codeJudge.enabled (not .Values.codeJudge.tokenSecret.name) }}
+{{- $out = append $out (include "magic.codeJudgeTokenSecret" . | fromJson | merge (dict "length" 32)) }}
+{{- end }}
 {{- if include "magic.redisAcl" . }}
 {{- range $role := list "controller" "rollout" "reward" "learner" }}
 {{- if not (get ($.Values.redis.acl.passwords | default dict) $role) }}
@@ -401,6 +416,9 @@ API token (the controller, and the reward pods for POST /v1/score). (dict "root"
 {{- end }}
 {{- if .token }}
 {{- $_ := set $in "auth" $v.auth }}
+{{- end }}
+{{- if .judgeToken }}
+{{- $_ := set $in "codeJudgeToken" $v.codeJudge.tokenSecret }}
 {{- end }}
 {{- toJson $in | sha256sum }}
 {{- end }}

@@ -32,10 +32,9 @@ from magic.codejudge.cases import (
     stdout_matches,
 )
 from magic.codejudge.sandbox.runner import Program, Sandbox, TestRun
+from magic.protocol.codejudge import MAX_CODE_CHARS
 from magic.protocol.verdict import Status, Verdict
 
-MAX_CODE_CHARS = 256 * 1024
-"""Programs longer than this are judged wrong without being run."""
 
 
 def syntax_error(code: str) -> str | None:

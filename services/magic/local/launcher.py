@@ -178,19 +178,19 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     rollout_env = {"MAGIC_TORCH_THREADS": "2"} | engine_env(args.engine)
     sup = Supervisor(out / "logs", base_env)
     token = secrets.token_urlsafe(24)  # the API is on loopback, but mutating calls still need it
-    judge_port = free_port()
+    judge_port, judge_token = free_port(), secrets.token_urlsafe(24)  # the code judge's own token
     try:
         # the code judge: the only process that runs programs (the demo's prompts are math; a code
         # dataset's answers go there). Where its sandbox cannot start (bubblewrap, root), it says so
         # in its log and code answers are judged error; math is unaffected.
-        sup.start("codejudge", "magic.codejudge", {"MAGIC_JUDGE_PORT": str(judge_port), "MAGIC_API_TOKEN": token})
+        sup.start("codejudge", "magic.codejudge", {"MAGIC_JUDGE_PORT": str(judge_port), "MAGIC_API_TOKEN": judge_token})
         sup.start("controller", "magic.controller", {"MAGIC_REDIS_URL": urls["controller"], "MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
         sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2"})
         for i in range(args.rollout_workers):
             sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_REDIS_URL": urls["rollout"], **rollout_env})
         for i in range(args.reward_workers):
             sup.start(f"reward-{i}", "magic.reward", {"MAGIC_REDIS_URL": urls["reward"], "MAGIC_TORCH_THREADS": "1",
-                                                       "MAGIC_CODE_JUDGE__URL": f"http://127.0.0.1:{judge_port}", "MAGIC_CODE_JUDGE__API_TOKEN": token})
+                                                       "MAGIC_CODE_JUDGE__URL": f"http://127.0.0.1:{judge_port}", "MAGIC_CODE_JUDGE__API_TOKEN": judge_token})
         api = ControllerClient(f"http://127.0.0.1:{api_port}", token, timeout=30)
         _wait_ready(api, sup)
 

@@ -6,9 +6,16 @@ code judge (`magic.codejudge`, a service of its own) run it on the problem's tes
 
 The reward service never runs a program: untrusted code runs only in the code judge's sandbox, a
 pod that can live in a namespace and node pool of its own (docs/security.md), so the reward pod
-itself runs at Pod Security "restricted". A judge that cannot be reached (restarting, rolled out)
-is waited for up to `wait_seconds` — its outage is not the response's fault — then the verdict is
-``error`` with the reason.
+itself runs at Pod Security "restricted".
+
+A judge that cannot take the program — unreachable, restarting, not ready (503), refusing the
+token (401/403: a misconfiguration, said in the log) — is waited for up to `wait_seconds` (an hour
+by default): its outage is not the response's fault, so it never becomes a verdict of the
+response while the judge may come back; the reward worker's liveness allows the wait
+(`RewardWorker.score`). Once the request was sent, nothing is retried (a program is never run
+twice): a judge that does not answer within `timeout_seconds`, or answers something unreadable,
+gives ``error`` with the reason. A program longer than the judge takes is sent cut at its limit,
+so the judge says ``wrong`` ("program longer than ...").
 """
 
 from __future__ import annotations
@@ -19,15 +26,14 @@ import time
 
 import httpx
 
+from magic.protocol.codejudge import JUDGE_PATH, MAX_CODE_CHARS, RETRY_STATUSES
 from magic.protocol.verdict import Status, Verdict
 from magic.reward.math.extract import answer_region
 from magic.reward.settings import CodeJudgeClientSettings
 
 log = logging.getLogger(__name__)
 
-JUDGE_PATH = "/v1/judge"
 _FENCE = re.compile(r"```[ \t]*(python3?|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-_RETRY_STATUSES = (502, 503, 504)
 
 
 def extract_code(response: str) -> str | None:
@@ -68,28 +74,43 @@ class CodeJudgeClient:
         return self.judge(code, ground_truth, t0)
 
     def judge(self, code: str, ground_truth: str, t0: float | None = None) -> Verdict:
-        """Send one program; wait out an unreachable judge up to `wait_seconds`."""
+        """Send one program; wait out a judge that cannot take it yet, up to `wait_seconds`."""
         t0 = time.perf_counter() if t0 is None else t0
+        code = code[: MAX_CODE_CHARS + 1]  # the judge says "wrong" for anything longer than it takes
         deadline = time.monotonic() + self.settings.wait_seconds
-        delay, why = 0.5, ""
+        delay, why, warned = 0.5, "", False
         while True:
             try:
                 r = self._http.post(JUDGE_PATH, json={"program": code, "ground_truth": ground_truth})
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # not sent: the judge is away
+                why = f"unreachable ({type(exc).__name__}: {str(exc)[:160]})"
+            except httpx.TransportError as exc:  # sent, and no reply: never sent again (the program may have run)
+                return Verdict(Status.error, code[:200], f"code judge: no reply ({type(exc).__name__}: {str(exc)[:160]})", time.perf_counter() - t0)
+            else:
                 if r.status_code == 200:
-                    body = r.json()
-                    return Verdict(Status(body["status"]), str(body.get("answer", ""))[:200], str(body.get("details", ""))[:500], time.perf_counter() - t0)
+                    return self._verdict(r, code, t0)
                 why = f"HTTP {r.status_code}: {r.text[:200]}"
-                if r.status_code not in _RETRY_STATUSES:
-                    break  # a refusal (401, 403, 413, 422) does not get better by waiting
-            except (httpx.TransportError, ValueError, KeyError) as exc:
-                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                if r.status_code not in RETRY_STATUSES:  # the request itself (400, 413, 422): waiting changes nothing
+                    return Verdict(Status.error, code[:200], f"code judge: {why}", time.perf_counter() - t0)
+            if not warned:
+                log.warning("the code judge at %s cannot take programs (%s): code answers wait for it", self.settings.url, why)
+                warned = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 10.0)
-        log.warning("the code judge at %s gave no verdict: %s", self.settings.url, why)
+        log.warning("the code judge at %s gave no verdict in %.0fs: %s", self.settings.url, self.settings.wait_seconds, why)
         return Verdict(Status.error, code[:200], f"code judge: {why}", time.perf_counter() - t0)
+
+    @staticmethod
+    def _verdict(r: httpx.Response, code: str, t0: float) -> Verdict:
+        try:
+            body = r.json()
+            status = Status(body["status"])
+            return Verdict(status, str(body.get("answer", ""))[:200], str(body.get("details", ""))[:500], time.perf_counter() - t0)
+        except (ValueError, KeyError, TypeError) as exc:  # a reply this client cannot read: final, the program ran
+            return Verdict(Status.error, code[:200], f"code judge: unreadable reply ({type(exc).__name__}: {r.text[:120]!r})", time.perf_counter() - t0)
 
     def close(self) -> None:
         if self._http is not None:

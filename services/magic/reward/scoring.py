@@ -80,7 +80,7 @@ class Scorer:
             on_kill=lambda: REWARD_TIMEOUTS.labels(kind="math").inc(),
         )
         self.judge = LlmJudge(settings.math.judge) if settings.math.judge.enabled else None
-        judge_token = settings.code_judge.api_token or settings.code_judge_token or settings.api_token
+        judge_token = settings.code_judge.api_token or settings.code_judge_token
         self.code = CodeJudgeClient(settings.code_judge.model_copy(update={"api_token": judge_token}))
         self._ready = threading.Event()
         self._closed = False

@@ -80,9 +80,10 @@ class CodeJudgeClientSettings(BaseModel):
     """Bearer token the code judge requires (its ``MAGIC_API_TOKEN``); the chart mounts the same Secret."""
     timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     """One response's bound, waiting for the judge's verdict (its own limits stop a program sooner)."""
-    wait_seconds: float = Field(default=300.0, ge=0, le=3600)
-    """How long a sample waits for an unreachable or not-yet-ready judge (restarting, rolled out)
-    before it is judged ``error``: an outage of the judge is not the response's fault."""
+    wait_seconds: float = Field(default=3600.0, ge=0, le=86400)
+    """How long a sample waits for a judge that cannot take it (unreachable, restarting, not
+    ready, refusing the token) before it is judged ``error``: an outage of the judge is not the
+    response's fault. The reward worker's liveness allows the wait."""
 
 
 class RewardSettings(ServiceSettings):
@@ -96,10 +97,10 @@ class RewardSettings(ServiceSettings):
     """The math verifier."""
     code_judge: CodeJudgeClientSettings = Field(default_factory=CodeJudgeClientSettings)
     """The code judge that runs code answers."""
-    code_judge_token: SecretStr | None = None
+    code_judge_token: SecretStr | None = Field(default=None, min_length=16)
     """The code judge's bearer token as a file (MAGIC_CODE_JUDGE_TOKEN_FILE, how the chart mounts
-    codeJudge.tokenSecret); `code_judge.api_token` if set, else this, else `api_token` (a judge
-    deployed with the release shares the release's token)."""
+    it); `code_judge.api_token` if set, else this. Never the release's API token: the judge runs
+    untrusted code and holds only its own token."""
     penalties: PenaltySettings = Field(default_factory=PenaltySettings)
     """Optional penalties."""
     code_data_sources: list[str] = Field(

@@ -72,9 +72,10 @@ def samples_of(group: pb.RolloutGroup) -> list[Sample]:
 
 
 class RewardWorker(Worker):
-    def __init__(self, channels: RunChannels, settings: RewardSettings, scorer: Scorer):
+    def __init__(self, channels: RunChannels, settings: RewardSettings, scorer: Scorer, watch: LoopWatch | None = None):
         self.settings = settings
         self.scorer = scorer
+        self.watch = watch
         self.name = settings.worker_name
         self.rollouts = channels.group("rollouts", GROUP)
         self.scored = channels.stream("scored")
@@ -112,7 +113,14 @@ class RewardWorker(Worker):
             except ValueError as exc:
                 self.rollouts.dead_letter(entry, str(exc))
         batch = valid
-        scores = iter(self.scorer.score_many([s for samples in per_group for s in samples]))
+        samples = [s for samples in per_group for s in samples]
+        if self.watch is not None and any(self.scorer.kind(s.data_source) == "code" for s in samples):
+            # code answers wait for a code judge that cannot take them yet (reward.code): a wait, not a hang
+            judge = self.settings.code_judge
+            with self.watch.allowing(judge.wait_seconds + judge.timeout_seconds + 60, "code answers waiting for the code judge"):
+                scores = iter(self.scorer.score_many(samples))
+        else:
+            scores = iter(self.scorer.score_many(samples))
         for (entry, group), samples in zip(batch, per_group):
             out = pb.ScoredGroup(rollout=group, worker=self.name)
             out.scores.extend(next(scores) for _ in samples)
@@ -150,6 +158,6 @@ def run(settings: RewardSettings | None = None) -> int:
         serve_score(settings.score_port, ScoreAPI(scorer, settings.max_request_samples, settings.api_token).handle)
     try:
         runtime = settings.model_copy(update={"metrics_port": None})  # the endpoint is already up
-        return serve(SERVICE, runtime, lambda channels: RewardWorker(channels, settings, scorer), watch)
+        return serve(SERVICE, runtime, lambda channels: RewardWorker(channels, settings, scorer, watch), watch)
     finally:
         scorer.close()

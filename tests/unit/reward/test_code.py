@@ -8,6 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import doctest
+import json
 
 import pytest
 from pydantic import SecretStr
@@ -61,29 +62,85 @@ def test_an_unreachable_judge_is_waited_for_then_error():
     assert 1.0 <= time.monotonic() - t0 < 10
 
 
-def test_a_refusal_is_not_waited_for_and_the_token_is_sent():
+def serve_replies(replies: list[tuple[int, bytes]]):
+    """A real HTTP server answering POSTs with `replies` in turn (the last one repeated); returns
+    (url, the Authorization headers seen, the server)."""
     seen = []
 
-    class Refuse(BaseHTTPRequestHandler):
+    class Reply(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
             seen.append(self.headers.get("Authorization"))
             self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(401)
-            self.send_header("Content-Length", "2")
+            status, body = replies[min(len(seen), len(replies)) - 1]
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(b"no")
+            self.wfile.write(body)
 
         def log_message(self, *a):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Reply)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", seen, server
+
+
+def test_a_bad_request_is_not_waited_for_and_the_token_is_sent():
+    url, seen, server = serve_replies([(422, b'{"error": "invalid request"}')])
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
         client = CodeJudgeClient(CodeJudgeClientSettings(url=url, api_token=SecretStr("t" * 16), wait_seconds=60))
         t0 = time.monotonic()
         v = client.verify("```python\nprint(1)\n```", "{}")
-        assert v.status is Status.error and "HTTP 401" in v.details and time.monotonic() - t0 < 5
+        assert v.status is Status.error and "HTTP 422" in v.details and time.monotonic() - t0 < 5
         assert seen == ["Bearer " + "t" * 16]
+    finally:
+        server.shutdown()
+
+
+def test_a_judge_that_cannot_take_the_program_yet_is_waited_for_and_then_judges():
+    """503 (not ready, shutting down) and 401 (a token an operator is fixing): the program was not
+    judged, so the client waits; once the judge answers, its verdict counts."""
+    verdict = json.dumps({"status": "correct", "answer": "print(1)", "details": "passed 1/1 tests", "seconds": 0.1}).encode()
+    url, seen, server = serve_replies([(503, b"{}"), (401, b"{}"), (200, verdict)])
+    try:
+        v = CodeJudgeClient(CodeJudgeClientSettings(url=url, wait_seconds=30)).verify("```python\nprint(1)\n```", "{}")
+        assert v.status is Status.correct and len(seen) == 3
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"status": "maybe"}', b"null", b'{"details": "x"}'])
+def test_an_unreadable_verdict_is_an_error_once_never_a_second_run(body):
+    url, seen, server = serve_replies([(200, body)])
+    try:
+        v = CodeJudgeClient(CodeJudgeClientSettings(url=url, wait_seconds=30)).verify("```python\nprint(1)\n```", "{}")
+        assert v.status is Status.error and "unreadable reply" in v.details and len(seen) == 1
+    finally:
+        server.shutdown()
+
+
+def test_a_program_longer_than_the_judge_takes_is_sent_cut_at_its_limit():
+    from magic.protocol.codejudge import MAX_CODE_CHARS
+
+    sent = []
+
+    class Capture(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            sent.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"status": "wrong", "details": "program longer than ..."}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = CodeJudgeClient(CodeJudgeClientSettings(url=f"http://127.0.0.1:{server.server_address[1]}"))
+        v = client.verify("```python\n" + "x = 1\n" * 100_000 + "```", "{}")
+        assert v.status is Status.wrong and len(sent[0]["program"]) == MAX_CODE_CHARS + 1
     finally:
         server.shutdown()

@@ -6,7 +6,7 @@ limits before the untrusted code is loaded. The reward process compares the outp
 program only ever reports data, and never sees the expected output.
 
 **One level of isolation**, whatever the deployment: the service runs as root with
-CAP_SYS_ADMIN (the chart's reward pod, Pod Security "privileged"), every slot's helper starts
+CAP_SYS_ADMIN (the chart's code judge pod, Pod Security "privileged"), every slot's helper starts
 under bubblewrap with a seccomp filter, and its programs run as the slot's own uid. Where any of
 it is missing the sandbox refuses to start (`SandboxError`, and code answers get the verdict
 `error`); it never judges untrusted code less confined.
@@ -369,7 +369,7 @@ class Sandbox:
     def _confinement(settings: SandboxSettings) -> dict:
         """The one confinement the sandbox runs with, or SandboxError saying what is missing."""
         if not settings.enabled:
-            raise SandboxError("the code sandbox is turned off (MAGIC_SANDBOX__ENABLED=false; chart: reward.sandbox.enabled): code answers are not judged")
+            raise SandboxError("the code sandbox is turned off (MAGIC_SANDBOX__ENABLED=false): this code judge runs no program")
         missing = []
         if os.geteuid() != 0:
             missing.append("the service runs as uid %d, not root (it gives every slot its own uid)" % os.geteuid())
@@ -380,7 +380,7 @@ class Sandbox:
         if not missing:
             why = confine.bwrap_works()
             if why is not None:
-                missing.append(f"{why} (bubblewrap needs CAP_SYS_ADMIN and a seccomp/AppArmor profile that allows mount: the chart's reward pod under Pod Security \"privileged\")")
+                missing.append(f"{why} (bubblewrap needs CAP_SYS_ADMIN and a seccomp/AppArmor profile that allows mount: the chart's code judge pod under Pod Security \"privileged\")")
         if missing:
             raise SandboxError("the code sandbox cannot start, so code answers are not judged: " + "; ".join(missing))
         helper = confine.private_copy(CHILD, _prepare_root(settings.root) / "helper")
