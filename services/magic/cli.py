@@ -601,11 +601,15 @@ def render_status(view: dict) -> str:
 
 def render_figures(figures: dict[str, dict]) -> str:
     """Held-out figures per dataset (`magic.evaluation.Figures` as dicts) as a table."""
-    rows = [f"{'dataset':20s} {'prompts':>7s} {'avg@n':>12s} {'pass@k':>12s} {'95% CI':>15s} {'length':>8s} {'truncated':>9s}"]
+    def ci(f: dict, name: str) -> str:
+        low, high = f.get(f"{name}_ci_low"), f.get(f"{name}_ci_high")
+        return "" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
+
+    rows = [f"{'dataset':20s} {'prompts':>7s} {'avg@n':>12s} {'95% CI':>15s} {'pass@k':>12s} {'95% CI':>15s} {'length':>8s} {'truncated':>9s}"]
     for name, f in figures.items():
         rows.append(
-            f"{name:20s} {f['prompts']:7d} {'avg@' + str(f['samples']) + ' ' + format(f['avg_at_n'], '.3f'):>12s} "
-            f"{'pass@' + str(f['k']) + ' ' + format(f['pass_at_k'], '.3f'):>12s} {'[' + format(f['pass_at_k_ci_low'], '.3f') + ', ' + format(f['pass_at_k_ci_high'], '.3f') + ']':>15s} "
+            f"{name:20s} {f['prompts']:7d} {'avg@' + str(f['samples']) + ' ' + format(f['avg_at_n'], '.3f'):>12s} {ci(f, 'avg_at_n'):>15s} "
+            f"{'pass@' + str(f['k']) + ' ' + format(f['pass_at_k'], '.3f'):>12s} {ci(f, 'pass_at_k'):>15s} "
             f"{f['response_length_mean']:8.1f} {f['truncated_ratio']:9.3f}"
         )
     return "\n".join(rows)

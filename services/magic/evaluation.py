@@ -11,11 +11,19 @@ correct or not, and the figures below summarise one dataset at one policy versio
   pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i),
   the unbiased estimate of the chance that at least one of k samples is correct; averaged over
   prompts.
-- The confidence interval of pass@k (and avg@n) is the normal one over prompts: the mean of the
-  per-prompt estimates +- z * s / sqrt(m) (s the sample standard deviation over the m prompts),
-  clipped to [0, 1]. It measures how much the figure would move with another draw of prompts
-  from the same distribution — the uncertainty that dominates with small held-out sets like
-  AIME's 30 problems. With one prompt it is [0, 1] (nothing is known about the spread).
+- The confidence interval of pass@k (and avg@n) is a Wilson score interval over the m prompts
+  (`wilson_ci`): how much the figure would move with another draw of prompts from the same
+  distribution — the uncertainty that dominates with small held-out sets like AIME's 30 problems.
+  Each prompt's estimate lies in [0, 1], so its variance is at most p(1 - p) for a mean p: the
+  interval Wilson derived for m successes out of m trials, taken at the observed mean, covers at
+  least its level wherever the normal interval (mean +- z s / sqrt(m), `mean_ci`) fails — at few
+  prompts and accuracies near 0 or 1, where s is small or 0 and the normal interval shrinks to a
+  point. Simulated coverage of the 95% intervals (`tests/unit/evaluation/test_interval_coverage.py`,
+  1500 validation sets drawn from Beta-distributed prompt difficulties; avg@n / pass@4):
+  10 prompts x 4 samples at mean accuracy 0.1: normal 0.87 / 0.96, Wilson 0.99 / 0.94; at 0.5:
+  normal 0.91 / 0.77, Wilson 1.00 / 0.95; 30 x 8 at 0.8: normal 0.94 / 0.65, Wilson 1.00 / 0.99;
+  30 x 32 at 0.1 (AIME-sized): normal 0.90 / 0.93, Wilson 1.00 / 0.99. Wilson is conservative for
+  avg@n (a prompt's n samples vary less than one Bernoulli draw); it never under-covers much.
 """
 
 from __future__ import annotations
@@ -70,7 +78,8 @@ def avg_at_n(correct: Sequence[bool]) -> float:
 
 def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
     """(mean, low, high): the normal confidence interval of the mean of per-prompt figures in
-    [0, 1], mean +- z * s / sqrt(m), clipped to [0, 1]; [0, 1] with a single value."""
+    [0, 1], mean +- z * s / sqrt(m), clipped to [0, 1]; [0, 1] with a single value. Kept for
+    comparison: it under-covers at few prompts and extreme accuracies (`wilson_ci` is reported)."""
     m = len(values)
     if m == 0:
         raise ValueError("a confidence interval over no prompts")
@@ -80,6 +89,27 @@ def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, floa
     var = sum((v - mean) ** 2 for v in values) / (m - 1)
     half = z * math.sqrt(var / m)
     return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def wilson_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """(mean, low, high): the Wilson score interval of the mean of m per-prompt figures in [0, 1],
+    at the observed mean p: (p + z^2/2m +- z sqrt(p(1-p)/m + z^2/4m^2)) / (1 + z^2/m).
+
+    >>> [round(x, 4) for x in wilson_ci([0.0] * 10)]  # no prompt solved: not the point [0, 0]
+    [0.0, 0.0, 0.2775]
+    >>> [round(x, 4) for x in wilson_ci([0.0, 1.0, 0.5, 0.5])]
+    [0.5, 0.15, 0.85]
+    """
+    m = len(values)
+    if m == 0:
+        raise ValueError("a confidence interval over no prompts")
+    mean = sum(values) / m
+    p = min(1.0, max(0.0, mean))
+    z2 = z * z
+    centre = (p + z2 / (2 * m)) / (1 + z2 / m)
+    half = z * math.sqrt(p * (1 - p) / m + z2 / (4 * m * m)) / (1 + z2 / m)
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return mean, min(low, mean), max(high, mean)  # it holds the mean: exactly, not within rounding (0 solved: low is 0)
 
 
 @dataclass(frozen=True)
@@ -113,8 +143,8 @@ def summarise(outcomes: Sequence[PromptOutcome], k: int | None = None, z: float 
         raise ValueError(f"every prompt needs the same number of samples with a length and a finish reason each (got n in {sorted(ns)})")
     n = ns.pop()
     k = n if k is None else k
-    _, avg_lo, avg_hi = mean_ci([avg_at_n(o.correct) for o in outcomes], z)
-    pk, pk_lo, pk_hi = mean_ci([pass_at_k(n, sum(o.correct), k) for o in outcomes], z)
+    _, avg_lo, avg_hi = wilson_ci([avg_at_n(o.correct) for o in outcomes], z)
+    pk, pk_lo, pk_hi = wilson_ci([pass_at_k(n, sum(o.correct), k) for o in outcomes], z)
     total = n * len(outcomes)
     # the mean of the per-prompt avg@n, as one division (all prompts have n samples): the same
     # float as correct samples / samples, the accuracy `magic local` has always reported
