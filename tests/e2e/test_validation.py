@@ -119,6 +119,8 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         for v, want in expected.items():
             got = stored[str(v)]["held"]
             assert got["k"] == 2 and got["pass_at_k_ci_low"] <= got["pass_at_k"] <= got["pass_at_k_ci_high"]
+            # the record names its sampling: T (the stage's at that version), tau, top-p, the version
+            assert (got["T"], got["policy_version"], got["top_p"]) == ({0: 8, 5: 10, 7: 10}[v], v, 1.0) and got["temperature"] > 0
             for key, value in want.items():
                 assert got[key] == pytest.approx(value), (v, key)
         # the step records of steps 0 and 5 carry them (metrics.jsonl alike); the others do not

@@ -89,9 +89,26 @@ def outcome_of(group: pb.ScoredGroup) -> PromptOutcome:
     )
 
 
-def figures_by_dataset(outcomes: dict[str, list[PromptOutcome]], k: int) -> dict[str, dict]:
-    """{dataset: figures as a dict} (the form stored, recorded and printed)."""
-    return {name: summarise(rows, k).as_dict() for name, rows in sorted(outcomes.items())}
+def figures_by_dataset(outcomes: dict[str, list[PromptOutcome]], k: int, sources: dict[str, list[str]] | None = None) -> dict[str, dict]:
+    """{dataset: figures as a dict} (the form stored, recorded and printed); a dataset whose prompts
+    come from several `data_source`s (`sources`: one per outcome) also gets the figures of each,
+    under `by_data_source`.
+
+    >>> o = [PromptOutcome((True, False), (3, 4), (False, False)), PromptOutcome((True, True), (2, 2), (False, False))]
+    >>> f = figures_by_dataset({"mix": o}, 1, {"mix": ["aime", "math"]})
+    >>> f["mix"]["avg_at_n"], f["mix"]["by_data_source"]["aime"]["avg_at_n"], f["mix"]["by_data_source"]["math"]["avg_at_n"]
+    (0.75, 0.5, 1.0)
+    """
+    out = {}
+    for name, rows in sorted(outcomes.items()):
+        out[name] = summarise(rows, k).as_dict()
+        labels = (sources or {}).get(name)
+        if labels and len(set(labels)) > 1:
+            split: dict[str, list[PromptOutcome]] = {}
+            for label, row in zip(labels, rows):
+                split.setdefault(label or "(none)", []).append(row)
+            out[name]["by_data_source"] = {label: summarise(part, k).as_dict() for label, part in sorted(split.items())}
+    return out
 
 
 def export(figures: dict[str, dict], version: int) -> None:
@@ -162,12 +179,16 @@ class Validation:
                 raise EvaluationTimeout(f"{scope.key} (policy version {scope.version}): {len(received)}/{published} prompt groups scored after {self.settings.step_timeout_seconds:.0f}s")
             tick()
         outcomes: dict[str, list[PromptOutcome]] = {name: [] for name in cfg.datasets}
+        sources: dict[str, list[str]] = {name: [] for name in cfg.datasets}
         for raw in received.values():
             o = json.loads(raw)
             outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"])))
-        figures = figures_by_dataset(outcomes, cfg.k)
+            sources[o["dataset"]].append(o.get("data_source", ""))
+        figures = figures_by_dataset(outcomes, cfg.k, sources)
         for f in figures.values():
             f["seconds"] = time.monotonic() - started  # wall time of this evaluation, all datasets together
+            # what a reader of the record needs beside n and k: T, tau, top-p and the version evaluated
+            f.update(T=t, temperature=cfg.temperature, top_p=cfg.top_p, policy_version=scope.version)
         log.info(
             "run %s: %s: policy version %d: %s", self.run_id, scope.key, scope.version,
             "; ".join(f"{n} avg@{f['samples']} {f['avg_at_n']:.3f} pass@{f['k']} {f['pass_at_k']:.3f}" for n, f in figures.items()),
@@ -238,7 +259,7 @@ class Validation:
                     continue  # a replay of a finished validation
             o = outcome_of(group)
             by_scope.setdefault(scope, {})[prompt.group_id] = json.dumps(
-                {"dataset": dataset, "uid": prompt.prompt_uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated}
+                {"dataset": dataset, "uid": prompt.prompt_uid, "data_source": prompt.data_source, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated}
             )
         for scope, outcomes in by_scope.items():
             self.store.record_evaluation_outcomes(scope, outcomes)
