@@ -133,7 +133,7 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         assert view["validation"] == {"policy_version": 7, "datasets": stored["7"]}
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         series = dict(re.findall(r'^(magic_validation_\w+\{[^}]*\}) (\S+)$', text, re.M))
-        assert float(series['magic_validation_avg_at_k{dataset="held"}']) == pytest.approx(expected[7]["avg_at_n"])
+        assert float(series['magic_validation_avg_at_n{dataset="held"}']) == pytest.approx(expected[7]["avg_at_n"])
         assert float(series['magic_validation_pass_at_k{dataset="held"}']) == pytest.approx(expected[7]["pass_at_k"])
         assert float(series['magic_validation_response_length_tokens{dataset="held"}']) == pytest.approx(expected[7]["response_length_mean"])
         assert float(series['magic_validation_truncated_ratio{dataset="held"}']) == pytest.approx(expected[7]["truncated_ratio"])

@@ -388,6 +388,9 @@ class ValidationConfig(EvalConfig):
 
     every: int = Field(default=10, ge=1, le=1_000_000)
     """Validate the policy version of every step k with k % every == 0 (step 0: the initial model)."""
+    before_training: bool = True
+    """Validate the initial model before the first step (verl's `val_before_train`); false: the
+    first point of the curve is step `every`'s."""
 
 
 class RunSpec(BaseModel):

@@ -137,7 +137,10 @@ class Validation:
         self._prompts: dict[tuple[tuple[str, ...], int | None], list[tuple[int, str, PromptRecord]]] = {}
 
     def due(self, spec: RunSpec, version: int) -> bool:
-        return spec.validation is not None and version % spec.validation.every == 0
+        """Is policy version `version` validated (before step `version`)? Every `every`-th, the
+        initial model (version 0) only with `before_training`."""
+        cfg = spec.validation
+        return cfg is not None and version % cfg.every == 0 and (version > 0 or cfg.before_training)
 
     def prompts(self, cfg: EvalConfig) -> list[tuple[int, str, PromptRecord]]:
         """(dataset index, dataset, record) of every prompt to evaluate, read once per driver."""

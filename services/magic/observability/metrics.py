@@ -139,7 +139,7 @@ STREAM_LENGTH = FigureGauge("magic_stream_length", "Entries in a run stream", ["
 STREAM_PENDING = FigureGauge("magic_stream_pending", "Entries delivered but not yet acknowledged", ["stream"])
 # held-out validation (`magic.controller.validation`), per validation dataset, of the policy
 # version in magic_validation_policy_version (= the step whose record carries the figures)
-VALIDATION_AVG = FigureGauge("magic_validation_avg_at_k", "Held-out avg@k: mean correctness of the k samples per validation prompt, over prompts", ["dataset"])
+VALIDATION_AVG = FigureGauge("magic_validation_avg_at_n", "Held-out avg@n: mean correctness of the n samples per validation prompt, over prompts", ["dataset"])
 VALIDATION_PASS = FigureGauge("magic_validation_pass_at_k", "Held-out pass@k (Chen et al. 2021 unbiased estimator), mean over validation prompts", ["dataset"])
 VALIDATION_PASS_CI = FigureGauge("magic_validation_pass_at_k_ci", "Bounds of the 95% normal confidence interval of pass@k over validation prompts", ["dataset", "bound"])
 VALIDATION_LENGTH = FigureGauge("magic_validation_response_length_tokens", "Mean response length of the validation samples (tokens)", ["dataset"])

@@ -63,3 +63,16 @@ def test_stage_ends_on_a_plateau_only_after_two_windows_and_min_steps():
     assert stage_end_reason(s, [rec(x) for x in (0.1, 0.2, 0.3, 0.5, 0.51, 0.52)]) is None  # rose by 0.115
     missing = flat[:-1] + [{"accuracy_all": None}]
     assert stage_end_reason(s, missing) is None  # a step without the figure never ends the stage
+
+
+def test_validation_before_training_is_a_switch():
+    """verl's val_before_train: the initial model's point of the curve, on by default."""
+    from magic.config.schema import RunSpec
+    from magic.controller.validation import Validation
+
+    def spec(**validation):
+        return RunSpec.model_validate({"name": "v", "model": "m", "datasets": ["d"], "validation": {"datasets": ["held"], "every": 5, **validation}})
+
+    due = lambda s, v: Validation.due(None, s, v)  # noqa: E731 — reads only the spec
+    assert [v for v in range(12) if due(spec(), v)] == [0, 5, 10]
+    assert [v for v in range(12) if due(spec(before_training=False), v)] == [5, 10]
