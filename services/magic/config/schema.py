@@ -356,8 +356,9 @@ class EvalConfig(BaseModel):
     """n (the paper's k of avg@k): samples per prompt."""
     pass_k: int | None = Field(default=None, ge=1, le=1024)
     """The k of the reported pass@k (Chen et al. unbiased estimator); None: `samples`."""
-    temperature: float = Field(default=1.0, gt=0, le=10, validation_alias=_alias("temperature", "tau"))
-    """tau of the samples (the paper evaluates at tau = 1)."""
+    temperature: float = Field(default=1.0, ge=0, le=10, validation_alias=_alias("temperature", "tau"))
+    """tau of the samples (the paper evaluates at tau = 1); 0: greedy decoding (then one sample per
+    prompt: every sample would be the same)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass of the samples."""
     context_length: int | None = Field(default=None, ge=1, le=1_048_576, validation_alias=_alias("context_length", "T"))
@@ -372,6 +373,8 @@ class EvalConfig(BaseModel):
             raise ValueError(f"pass_k = {self.pass_k} exceeds samples = {self.samples}: pass@k needs k <= n samples per prompt")
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError(f"datasets names a dataset twice: {self.datasets}")
+        if self.temperature == 0 and self.samples != 1:
+            raise ValueError(f"tau = 0 is greedy decoding: every sample of a prompt would be the same; set samples to 1 (got {self.samples})")
         return self
 
     @property

@@ -210,7 +210,7 @@ class TorchEngine(RolloutEngine):
     def submit(self, key: str, request: GenerationRequest) -> None:
         if key in self._groups:
             raise ValueError(f"group {key!r} is already in flight")
-        if request.n < 1 or request.max_tokens < 1 or request.temperature <= 0 or not request.prompt_ids:
+        if request.n < 1 or request.max_tokens < 1 or request.temperature < 0 or not request.prompt_ids:
             raise ValueError(f"invalid generation request for {key!r}: n={request.n} max_tokens={request.max_tokens} temperature={request.temperature}")
         group = _Group(key, request, torch.Generator(device=self.device).manual_seed(int(request.seed) & 0x7FFF_FFFF_FFFF_FFFF))
         self._groups[key] = group
@@ -329,7 +329,8 @@ class TorchEngine(RolloutEngine):
         return finished_groups
 
     def _temperatures(self) -> torch.Tensor:
-        return torch.tensor([g.request.temperature for g in self._rows.group], device=self.device)[:, None]
+        """tau of each row; 1 for a greedy row (tau = 0: its token is the argmax, its log-prob at tau = 1)."""
+        return torch.tensor([g.request.temperature or 1.0 for g in self._rows.group], device=self.device)[:, None]
 
     def _sample(self, logp_all: torch.Tensor) -> torch.Tensor:
         """One token per row, each group from its own generator (rows of a group are contiguous)."""
@@ -342,6 +343,10 @@ class TorchEngine(RolloutEngine):
             while end < len(groups) and groups[end] is groups[start]:
                 end += 1
             p = probs[start:end]
+            if groups[start].request.temperature == 0:  # greedy (held-out validation at tau = 0)
+                out[start:end] = p.argmax(dim=-1)
+                start = end
+                continue
             if groups[start].request.top_p < 1.0:
                 p = _top_p_filter(p, groups[start].request.top_p)
             out[start:end] = torch.multinomial(p, 1, generator=groups[start].generator).squeeze(1)

@@ -125,7 +125,8 @@ def _dataset(tmp_path, ground_truth="7"):
         (["-k", "0"], "--samples: Input should be greater than or equal to 1, got 0"),
         (["-k", "2", "--pass-k", "3"], "pass_k = 3 exceeds samples = 2"),
         (["--T", "0"], "--T: Input should be greater than or equal to 1"),
-        (["--temperature", "0"], "--temperature: Input should be greater than 0"),
+        (["--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
+        (["--temperature", "0"], "tau = 0 is greedy decoding"),  # with the default 4 samples: set -k 1
     ],
 )
 def test_eval_refuses_bad_flags(tmp_path, capsys, flags, message):

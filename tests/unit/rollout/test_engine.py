@@ -117,3 +117,26 @@ def test_invalid_requests_are_refused_with_a_clear_error(tiny_model_dir):
         engine.submit("x", GenerationRequest([1, 2], n=0))
     with pytest.raises(ValueError, match="max_batch_sequences"):
         TorchEngine(str(tiny_model_dir), max_batch_sequences=0)
+
+
+def test_temperature_zero_is_greedy_decoding(tiny_model_dir):
+    """tau = 0 (greedy held-out validation): the argmax token at every position, whatever the seed,
+    with its log-probability at tau = 1 — the same tokens as the limit tau -> 0."""
+    engine = TorchEngine(str(tiny_model_dir))
+    prompt = engine.render_prompt([{"role": "user", "content": "What is 2 + 2?"}])
+    greedy, _ = engine.generate([GenerationRequest(prompt, n=1, temperature=0.0, max_tokens=10, seed=s) for s in (1, 2)])
+    cold, _ = engine.generate([GenerationRequest(prompt, n=1, temperature=1e-6, max_tokens=10, seed=3)])
+    assert greedy[0][0].token_ids == greedy[1][0].token_ids == cold[0][0].token_ids
+    assert all(lp <= 0.0 for lp in greedy[0][0].logprobs)
+    with pytest.raises(ValueError, match="invalid generation request"):
+        engine.generate([GenerationRequest(prompt, n=1, temperature=-0.5, max_tokens=4)])
+
+
+def test_greedy_validation_takes_one_sample_per_prompt():
+    from pydantic import ValidationError
+
+    from magic.config.schema import EvalConfig
+
+    assert EvalConfig(datasets=["held"], samples=1, temperature=0).temperature == 0
+    with pytest.raises(ValidationError, match="greedy decoding"):
+        EvalConfig(datasets=["held"], samples=4, temperature=0)
