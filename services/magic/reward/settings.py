@@ -6,7 +6,6 @@ settings every process shares are `ServiceSettings` in `magic.config.schema`."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
