@@ -37,7 +37,7 @@ import torch
 from magic.config.schema import StageConfig
 from magic.learner import core_algos
 from magic.learner.backends import TorchBackend
-from magic.learner.batching import Sequence, batch_stats, build_sequences, collate
+from magic.learner.batching import Sequence, batch_stats, build_sequences, collate, of_version
 from magic.protocol.pb import messages_pb2 as pb
 
 GROUP_PART = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "lite_ppo": "drgrpo"}
@@ -98,24 +98,27 @@ class StreamingStep:
         """The group's own part of its advantages c_i and, for the batch estimator, which samples
         count (m_i); None: the group is not trained — another version, aborted, or rejected for
         want of reward spread."""
-        samples = group.rollout.samples
-        if len(samples) < 2 or any(s.policy_version != self.version or s.finish_reason == pb.FINISH_REASON_ABORT for s in samples):
+        if not of_version(group, self.version):
             return None
-        rewards = torch.tensor([[sc.reward for sc in group.scores]], dtype=torch.float64)
-        truncated = torch.tensor([[s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples]])
-        valid = torch.ones_like(truncated)
-        stats_mask, keep = core_algos.truncation_mask(self.stage.advantage_mask.value, truncated, valid)
+        rewards, truncated, stats_mask, keep = self._row(group)
         counted = (stats_mask & keep).to(torch.float64)
         if self.estimator == "batch":
             part = rewards * counted
             few = stats_mask.sum(dim=1) < 2
             zero = (core_algos.reward_spread(rewards, stats_mask) == 0) | few | ~(counted > 0).any(dim=1)
         else:
-            part, _ = core_algos.compute_advantages(GROUP_PART[self.estimator], rewards, truncated, valid, self.stage.advantage_mask.value)
+            part, _ = core_algos.compute_advantages(GROUP_PART[self.estimator], rewards, truncated, torch.ones_like(truncated), self.stage.advantage_mask.value)
             zero = core_algos.rejected_groups(rewards, stats_mask, part)
         if bool(zero[0]):
             return None
         return part[0].tolist(), counted[0].tolist()
+
+    def _row(self, group: pb.ScoredGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rewards, truncated, stats_mask, keep), each (1, gs), of one group, as the barrier lays them out."""
+        rewards = torch.tensor([[sc.reward for sc in group.scores]], dtype=torch.float64)
+        truncated = torch.tensor([[s.finish_reason == pb.FINISH_REASON_LENGTH for s in group.rollout.samples]])
+        stats_mask, keep = core_algos.truncation_mask(self.stage.advantage_mask.value, truncated, torch.ones_like(truncated))
+        return rewards, truncated, stats_mask, keep
 
     def _backward(self, mb: list[Sequence]) -> None:
         trainer, stage = self.trainer, self.stage
@@ -215,12 +218,9 @@ class StreamingStep:
             return 1.0, 0.0
         rows, masks = [], []
         for g in self.groups:
-            samples = g.rollout.samples
-            if len(samples) < 2 or any(s.policy_version != self.version or s.finish_reason == pb.FINISH_REASON_ABORT for s in samples):
+            if not of_version(g, self.version):
                 continue
-            rewards = torch.tensor([[sc.reward for sc in g.scores]], dtype=torch.float64)
-            truncated = torch.tensor([[s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples]])
-            stats_mask, _ = core_algos.truncation_mask(self.stage.advantage_mask.value, truncated, torch.ones_like(truncated))
+            rewards, _, stats_mask, _ = self._row(g)
             rows.append(rewards[0])
             masks.append(stats_mask[0])
         width = max(len(r) for r in rows)

@@ -64,13 +64,13 @@ def test_an_unreachable_judge_is_waited_for_then_error():
 
 def serve_replies(replies: list[tuple[int, bytes]]):
     """A real HTTP server answering POSTs with `replies` in turn (the last one repeated); returns
-    (url, the Authorization headers seen, the server)."""
-    seen = []
+    (url, the Authorization headers seen, the server; `server.bodies`: the requests' JSON bodies)."""
+    seen, bodies = [], []
 
     class Reply(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
             seen.append(self.headers.get("Authorization"))
-            self.rfile.read(int(self.headers["Content-Length"]))
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             status, body = replies[min(len(seen), len(replies)) - 1]
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
@@ -81,6 +81,7 @@ def serve_replies(replies: list[tuple[int, bytes]]):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Reply)
+    server.bodies = bodies
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}", seen, server
 
@@ -122,25 +123,9 @@ def test_an_unreadable_verdict_is_an_error_once_never_a_second_run(body):
 def test_a_program_longer_than_the_judge_takes_is_sent_cut_at_its_limit():
     from magic.protocol.codejudge import MAX_CODE_CHARS
 
-    sent = []
-
-    class Capture(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            sent.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = json.dumps({"status": "wrong", "details": "program longer than ..."}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, _, server = serve_replies([(200, json.dumps({"status": "wrong", "details": "program longer than ..."}).encode())])
     try:
-        client = CodeJudgeClient(CodeJudgeClientSettings(url=f"http://127.0.0.1:{server.server_address[1]}"))
-        v = client.verify("```python\n" + "x = 1\n" * 100_000 + "```", "{}")
-        assert v.status is Status.wrong and len(sent[0]["program"]) == MAX_CODE_CHARS + 1
+        v = CodeJudgeClient(CodeJudgeClientSettings(url=url)).verify("```python\n" + "x = 1\n" * 100_000 + "```", "{}")
+        assert v.status is Status.wrong and len(server.bodies[0]["program"]) == MAX_CODE_CHARS + 1
     finally:
         server.shutdown()
