@@ -283,7 +283,8 @@ def run(args) -> dict:
     import redis
 
     from magic.demo.prepare import build_model
-    from magic.local.redis_server import RedisServer, free_port
+    from magic.local.redis_server import RedisServer
+from magic.runtime.ports import free_port
     from magic.local.supervisor import Supervisor
     from magic.protocol import keys
 

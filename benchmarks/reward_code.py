@@ -31,7 +31,7 @@ import httpx
 from magic.codejudge.sandbox.runner import Sandbox
 from magic.codejudge.settings import SandboxSettings
 from magic.codejudge.verifier import CodeVerifier
-from magic.local.redis_server import free_port
+from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 
 TOKEN = "benchmark-token-0123456789abcdef"

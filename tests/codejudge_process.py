@@ -17,7 +17,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def code_judge(log_dir: Path, uid_base: int, root: str = "/tmp/magic-sandbox-test", **sandbox):
     """Start a code judge; yields (its base URL, its metrics URL, the Supervisor running it as
     ``codejudge``)."""
-    from magic.local.redis_server import free_port  # the local tools: test-only here
+    from magic.runtime.ports import free_port
     from magic.local.supervisor import Supervisor
 
     port, metrics = free_port(), free_port()

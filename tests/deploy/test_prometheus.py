@@ -25,7 +25,8 @@ import yaml
 from waiting import wait_for
 
 from magic.demo import task
-from magic.local.redis_server import RedisServer, free_port
+from magic.local.redis_server import RedisServer
+from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 
 from .conftest import NAMESPACE, RELEASE, dashboard_queries

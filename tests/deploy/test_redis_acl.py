@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from magic.config.settings import ServiceSettings
-from magic.local.redis_server import free_port
+from magic.runtime.ports import free_port
 from magic.store import acl
 
 from .conftest import CHART, RELEASE

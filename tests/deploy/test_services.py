@@ -13,7 +13,8 @@ import httpx
 import pytest
 from waiting import wait_for
 
-from magic.local.redis_server import RedisServer, free_port
+from magic.local.redis_server import RedisServer
+from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 
 from .conftest import CHART, ROOT

@@ -21,7 +21,7 @@ import pytest
 from waiting import wait_for
 from world import World, assert_exactly_once, running_world
 
-from magic.local.redis_server import free_port
+from magic.runtime.ports import free_port
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.streams import Stream

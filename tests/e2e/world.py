@@ -17,7 +17,7 @@ import redis
 from waiting import answers, wait_for
 
 from magic.demo import task
-from magic.local.redis_server import free_port
+from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb

@@ -61,7 +61,7 @@ def test_bad_requests_get_their_status(judge, body, headers, status, says):
 def test_a_judge_whose_sandbox_cannot_start_runs_nothing(tmp_path):
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")  # the sandbox's root cannot be made here
-    from magic.local.redis_server import free_port  # the local tools: test-only here
+    from magic.runtime.ports import free_port
     from magic.local.supervisor import Supervisor
 
     port, metrics = free_port(), free_port()
@@ -76,6 +76,8 @@ def test_a_judge_whose_sandbox_cannot_start_runs_nothing(tmp_path):
                 return False
         wait_for(refused, 60, "a 503 from a judge without a sandbox", sup=sup)
         assert httpx.get(f"http://127.0.0.1:{metrics}/readyz").status_code == 503
-        assert "stays not ready" in sup.get("codejudge").log_tail(50)
+        # it answers 503 from its first moment; the reason is said once the sandbox's start has failed
+        wait_for(lambda: "stays not ready" in sup.get("codejudge").log_tail(50), 60, "the reason it is not ready, in its log", sup=sup)
+        assert post(f"http://127.0.0.1:{port}", {"program": "print(1)", "ground_truth": STDIN}).status_code == 503
     finally:
         sup.stop_all()

@@ -321,7 +321,7 @@ def test_the_metrics_port_serves_metrics_and_probes_apart_from_the_api(r, tmp_pa
     which serves nothing of the API, so the API's port can stay closed to Prometheus."""
     import httpx
 
-    from magic.local.redis_server import free_port
+    from magic.runtime.ports import free_port
 
     port = free_port()
     settings = ControllerSettings(data_dir=tmp_path / "data", api_token=TOKEN, metrics_port=port)

@@ -13,7 +13,7 @@ import pytest
 import redis
 from waiting import wait_for
 
-from magic.local.redis_server import free_port
+from magic.runtime.ports import free_port
 from magic.store.client import connect
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,8 @@ from magic.observability.metrics import REWARD_JUDGE
 from magic.reward.scoring import Sample, Scorer
 from magic.reward.settings import RewardSettings
 from magic.protocol.verdict import Status
-from magic.rollout.vllm_server import VllmServer, VllmServerConfig, free_port
+from magic.rollout.vllm_server import VllmServer, VllmServerConfig
+from magic.runtime.ports import free_port
 
 pytestmark = pytest.mark.integration
 

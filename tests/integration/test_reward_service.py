@@ -214,7 +214,7 @@ def test_the_service_process_stays_healthy_after_hostile_programs_and_waits_out_
     """The reward service and the code judge as processes: hostile programs are judged wrong and
     both stay up; a judge killed and started again while a sample waits costs that sample a delay,
     not a wrong verdict."""
-    from magic.local.redis_server import free_port
+    from magic.runtime.ports import free_port
     from magic.local.supervisor import Supervisor
 
     port, score_port = free_port(), free_port()

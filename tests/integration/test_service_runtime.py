@@ -103,7 +103,7 @@ def test_a_frozen_main_loop_fails_livez_and_stops_the_heartbeat_until_it_moves_a
 
     import httpx
 
-    from magic.local.redis_server import free_port
+    from magic.runtime.ports import free_port
 
     port = free_port()
     frozen, thawed, done = threading.Event(), threading.Event(), threading.Event()

@@ -26,7 +26,8 @@ from vllm_venv import VLLM_PYTHON, require_vllm
 from magic import modeling
 from magic.rollout.engine import GenerationRequest
 from magic.rollout.vllm_engine import VllmEngine, VllmError, VllmServerDied
-from magic.rollout.vllm_server import VllmServer, VllmServerConfig, VllmServerError, free_port
+from magic.rollout.vllm_server import VllmServer, VllmServerConfig, VllmServerError
+from magic.runtime.ports import free_port
 from magic.weights import Checkpoint, WeightIntegrityError
 
 MAX_MODEL_LEN = 128

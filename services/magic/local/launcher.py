@@ -39,7 +39,8 @@ from magic.config.schema import StageConfig
 from magic.controller.client import ClientError, ControllerClient
 from magic.controller.datasets import load_jsonl
 from magic.local.options import stage_plan
-from magic.local.redis_server import RedisServer, free_port
+from magic.local.redis_server import RedisServer
+from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.rollout.settings import RolloutSettings

@@ -9,20 +9,14 @@ them, `magic.store.client`) instead of growing until the machine runs out of mem
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from magic.runtime.ports import free_port
 from magic.runtime.processes import die_with_parent
 from magic.store.client import answers_at
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DEFAULT_MAXMEMORY = "2gb"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from magic.observability import logs
+from magic.runtime.ports import free_port
 from magic.runtime.processes import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,6 @@ def default_python() -> Path:
     """The vLLM virtualenv's interpreter: `<repo>/.venv-vllm/bin/python` next to this source tree."""
     repo = Path(__file__).resolve().parents[3]  # <repo>/services/magic/rollout/vllm_server.py
     return repo / VENV_DIR / "bin" / "python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extension_path(shim_dir: Path) -> Path:

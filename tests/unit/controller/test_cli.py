@@ -82,7 +82,7 @@ def test_validation_errors_are_shown_field_by_field():
 
 def test_unreachable_controller_is_explained(monkeypatch):
     from magic.controller.client import ClientError
-    from magic.local.redis_server import free_port
+    from magic.runtime.ports import free_port
 
     monkeypatch.delenv("MAGIC_API_TOKEN", raising=False)
     client = ControllerClient(f"http://127.0.0.1:{free_port()}")

@@ -53,7 +53,7 @@ def test_without_a_judge_code_is_never_run_and_says_why():
 
 
 def test_an_unreachable_judge_is_waited_for_then_error():
-    from magic.local.redis_server import free_port  # a port nothing listens on
+    from magic.runtime.ports import free_port
 
     client = CodeJudgeClient(CodeJudgeClientSettings(url=f"http://127.0.0.1:{free_port()}", wait_seconds=1.5))
     t0 = time.monotonic()
