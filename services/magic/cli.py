@@ -18,10 +18,10 @@ The controller's API (URL from --url or MAGIC_CONTROLLER_URL, token from --token
 
 Held-out evaluation:
 
-    magic eval --run RUN -d DATASET -k 8 [--wait] [--out eval.json]
+    magic eval --run RUN -d DATASET -n 8 [--wait] [--out eval.json]
                                                       avg@n, pass@k (95% CI), length, truncation of the
                                                       run's current policy through the services
-    magic eval --local MODEL_OR_CHECKPOINT -d data.jsonl -k 8 [--out eval.json]
+    magic eval --local MODEL_OR_CHECKPOINT -d data.jsonl -n 8 [--out eval.json]
                                                       the same on this machine (a checkpoint, an export)
     magic export RUN [--step K] --out DIR [--dtype bfloat16]
                                                       a run's checkpoint as a Hugging Face model directory
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--wait", action="store_true", help="--run: poll until the eval is done, print the table (and write --out)")
     ev.add_argument("--id", dest="eval_id", default=None, help="--run: follow an eval posted before instead of posting one")
     ev.add_argument("--interval", type=float, default=2.0, help="--run --wait: seconds between polls (default: 2)")
-    ev.add_argument("--samples", "-k", "-n", type=int, default=4, help="n samples per prompt (avg@n; the paper's k of avg@k) (default: 4)")
+    ev.add_argument("--samples", "-n", type=int, default=4, help="n samples per prompt (avg@n; the paper writes avg@k); pass@k's k is --pass-k (default: 4)")
     ev.add_argument("--pass-k", type=int, default=None, help="the k of the reported pass@k, 1 <= k <= n (default: n)")
     ev.add_argument("--temperature", "--tau", type=float, default=1.0, help="sampling temperature (default: 1, the paper's)")
     ev.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1)")

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.e2e]
 SCRAPE_SECONDS = 1
 RATE_INTERVAL = f"{4 * SCRAPE_SECONDS}s"  # Grafana's $__rate_interval: max(4 x scrape interval, step + scrape interval)
 STAGES = [{"name": "short", "steps": 2, "T": 12, "D_R": 8, "gs": 4, "lr": 1e-3}, {"name": "long", "steps": 2, "T": 24, "D_R": 8, "gs": 4, "lr": 1e-3}]
-VALIDATION = {"datasets": ["held"], "every": 2, "k": 2, "max_prompts": 4}
+VALIDATION = {"datasets": ["held"], "every": 2, "samples": 2, "max_prompts": 4}
 """Held-out validation every 2 steps: the held-out panels are checked against real series."""
 """D_R = 8 groups of 4 at about 20% accuracy: a step with no group to train on (all rewards
 equal in every group) has probability about 0.41^8 < 0.1%."""

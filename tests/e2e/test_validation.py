@@ -77,7 +77,7 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         # mid-run (step 2 recorded), the CLI posts an eval of the current policy and waits for it
         wait_for(lambda: len(api.get("/v1/runs/val/metrics").json()) >= 2, 120, "step 1 to be recorded", sup, interval=0.2)
         out = tmp_path / "eval.json"
-        argv = ["eval", "--run", "val", "-d", "held", "-k", "2", "--pass-k", "1", "--max-prompts", "4", "--T", "48", "--wait", "--interval", "0.2", "--out", str(out)]
+        argv = ["eval", "--run", "val", "-d", "held", "-n", "2", "--pass-k", "1", "--max-prompts", "4", "--T", "48", "--wait", "--interval", "0.2", "--out", str(out)]
         assert main([*argv, "--url", f"http://127.0.0.1:{port}", "--token", TOKEN]) == 0
         evaluated = json.loads(out.read_text())
         deadline = time.monotonic() + 240

@@ -200,8 +200,8 @@ def test_validation_block_bad_input_is_422_naming_the_field(client, tiny_model_d
     assert client.post("/v1/datasets", json={"name": "held", "path": str(blank)}, headers=AUTH).status_code == 201
     resp = post()
     assert resp.status_code == 422 and "record held:2 has no ground truth" in resp.json()["detail"][0]["msg"]
-    resp = post(k=0)
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "k"
+    resp = post(samples=0)
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "samples"
     resp = post(every=5)  # the plan runs 4 steps
     assert resp.status_code == 422 and "longer than the plan (4 steps)" in resp.json()["detail"][0]["msg"]
     resp = post(datasets=["train"], T=100_000)  # the tiny model's window is 256 tokens

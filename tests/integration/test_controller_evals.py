@@ -182,8 +182,9 @@ def test_evals_are_served_while_paused_or_waiting_and_bad_requests_are_refused(a
     for bad, loc, why in [
         ({"datasets": ["nope"]}, ["body", "datasets", 0], "no dataset registered as 'nope'"),
         ({"datasets": ["blank"]}, ["body", "datasets", 0], "record blank:2 has no ground truth"),
-        ({"k": 0}, ["body", "k"], "greater than or equal to 1"),
-        ({"k": 2, "pass_k": 3}, ["body"], "pass@k needs k <= n"),
+        ({"samples": 0}, ["body", "samples"], "greater than or equal to 1"),
+        ({"k": 2}, ["body"], "`k` is ambiguous here"),
+        ({"n": 2, "pass_k": 3}, ["body"], "pass@k needs k <= n"),
         ({"T": 100_000}, ["body", "context_length"], "exceeds the model's context window 256"),
         ({"every": 2}, ["body", "every"], "Extra inputs"),
     ]:
@@ -211,7 +212,7 @@ def test_evals_are_served_while_paused_or_waiting_and_bad_requests_are_refused(a
     resp = post("w")
     assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "context_length"] and "no stage yet" in resp.json()["detail"][0]["msg"]
     with FakeServices(r, "w"):
-        resp = post("w", k=2, T=12)
+        resp = post("w", samples=2, T=12)
         assert resp.status_code == 202
         body = wait_eval(api, "w", resp.json()["id"])
     assert body["status"] == "done" and (body["policy_version"], body["context_length"]) == (0, 12) and body["figures"]["held"]["samples"] == 2
@@ -234,7 +235,7 @@ def test_a_controller_restarted_mid_eval_finishes_it_without_double_counting(r, 
         assert api.post("/v1/runs/p/pause", headers=AUTH).status_code == 200
         wait_status(api, "p", "paused")
         with FakeServices(r, "p", limit=1):  # one of the three groups is scored, then the controller stops
-            assert api.post("/v1/runs/p/evals", json={"datasets": ["held"], "k": 4}, headers=AUTH).status_code == 202
+            assert api.post("/v1/runs/p/evals", json={"datasets": ["held"], "samples": 4}, headers=AUTH).status_code == 202
             deadline = time.monotonic() + 20
             while len(r.hkeys(rk.evaluation("eval:1"))) < 2:  # `published` and one outcome
                 assert time.monotonic() < deadline
@@ -260,7 +261,7 @@ def test_an_eval_that_cannot_be_served_when_the_plan_finishes_fails_alone(r, tmp
         assert api.post("/v1/datasets", json={"name": "held", "path": str(held_file(tmp_path))}, headers=AUTH).status_code == 201
         assert api.post("/v1/runs", json={"name": "f", "model": str(tiny_model_dir), "datasets": ["held"]}, headers=AUTH).status_code == 201
         wait_status(api, "f", "waiting")
-        resp = api.post("/v1/runs/f/evals", json={"datasets": ["held"], "k": 2, "T": 12}, headers=AUTH)
+        resp = api.post("/v1/runs/f/evals", json={"datasets": ["held"], "samples": 2, "T": 12}, headers=AUTH)
         assert resp.status_code == 202 and resp.json()["status"] == "pending"  # no rollout worker: it waits
         c = api.app.state.controller
         driver = StepDriver(c.runs, c.datasets, "f", settings)  # the run's driver, at the end of its plan

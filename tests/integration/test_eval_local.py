@@ -106,7 +106,7 @@ def test_avg_at_n_is_the_old_accuracy_to_the_bit_with_mixed_correctness():
 
 def test_magic_eval_local_writes_figures_that_match_a_recomputation(tiny_model_dir, held_out, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    assert main(["eval", "--local", str(tiny_model_dir), "-d", str(held_out), "-k", "4", "--pass-k", "2", "--T", "12", "--seed", "99", "--out", str(out)]) == 0
+    assert main(["eval", "--local", str(tiny_model_dir), "-d", str(held_out), "-n", "4", "--pass-k", "2", "--T", "12", "--seed", "99", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     report = json.loads(out.read_text())
     f = report["figures"]["held"]
@@ -135,7 +135,7 @@ def test_magic_eval_local_writes_figures_that_match_a_recomputation(tiny_model_d
 def test_magic_eval_local_refuses_what_it_cannot_use_before_any_work(tiny_model_dir, held_out, tmp_path, capsys):
     """An --out it cannot write, a directory with a config but no weights or no tokenizer (what a
     published weights version or a short run leaves): exit 2, one line, nothing computed."""
-    run = ["eval", "--local", str(tiny_model_dir), "-d", str(held_out), "-k", "1", "--T", "4"]
+    run = ["eval", "--local", str(tiny_model_dir), "-d", str(held_out), "-n", "1", "--T", "4"]
     assert main([*run, "--out", str(tmp_path / "results" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "does not exist" in err and "Traceback" not in err
@@ -143,14 +143,14 @@ def test_magic_eval_local_refuses_what_it_cannot_use_before_any_work(tiny_model_
     weightless = tmp_path / "weightless"
     weightless.mkdir()
     shutil.copy(tiny_model_dir / "config.json", weightless / "config.json")
-    assert main(["eval", "--local", str(weightless), "-d", str(held_out), "-k", "1"]) == 2
+    assert main(["eval", "--local", str(weightless), "-d", str(held_out), "-n", "1"]) == 2
     assert "holds a config but no weights" in capsys.readouterr().err
     tokenless = tmp_path / "tokenless"
     tokenless.mkdir()
     for f in tiny_model_dir.iterdir():
         if f.is_file() and not f.name.startswith("tokenizer") and f.name not in ("special_tokens_map.json", "vocab.json", "merges.txt"):
             shutil.copy(f, tokenless / f.name)
-    assert main(["eval", "--local", str(tokenless), "-d", str(held_out), "-k", "1"]) == 2
+    assert main(["eval", "--local", str(tokenless), "-d", str(held_out), "-n", "1"]) == 2
     assert "no tokenizer" in capsys.readouterr().err
 
 

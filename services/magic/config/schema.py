@@ -352,8 +352,9 @@ class EvalConfig(BaseModel):
 
     datasets: list[DatasetName] = Field(min_length=1, max_length=16)
     """Registered dataset names (POST /v1/datasets) whose records all carry a ground truth."""
-    samples: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("samples", "k"))
-    """n (the paper's k of avg@k): samples per prompt."""
+    samples: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("samples", "n"))
+    """n, samples per prompt (avg@n; the paper writes avg@k). Also accepted as `n`; `k` is refused
+    (it names pass@k's k: `pass_k`)."""
     pass_k: int | None = Field(default=None, ge=1, le=1024)
     """The k of the reported pass@k (Chen et al. unbiased estimator); None: `samples`."""
     temperature: float = Field(default=1.0, ge=0, le=10, validation_alias=_alias("temperature", "tau"))
@@ -366,6 +367,13 @@ class EvalConfig(BaseModel):
     validation before step k: the T of the stage step k belongs to)."""
     max_prompts: int | None = Field(default=None, ge=1, le=1_000_000)
     """Evaluate only the first this many prompts of each dataset (None: all of them)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_k(cls, data):
+        if isinstance(data, dict) and "k" in data:
+            raise ValueError("`k` is ambiguous here: the samples per prompt are `samples` (or `n`), pass@k's k is `pass_k`")
+        return data
 
     @model_validator(mode="after")
     def _k_fits(self) -> "EvalConfig":

@@ -49,12 +49,13 @@ def test_settings_come_from_magic_env(monkeypatch):
 def test_validation_block_defaults_aliases_and_bad_input():
     from magic.config.schema import ValidationConfig
 
-    v = ValidationConfig.model_validate({"datasets": ["aime"], "k": 8, "T": 32})
+    v = ValidationConfig.model_validate({"datasets": ["aime"], "n": 8, "T": 32})
     assert (v.samples, v.k, v.temperature, v.context_length, v.every, v.max_prompts) == (8, 8, 1.0, 32, 10, None)
     assert ValidationConfig(datasets=["aime"], samples=8, pass_k=2).k == 2
     assert ValidationConfig(datasets=["aime"]).context_length is None  # the stage's T
     for bad, why in [
-        ({"k": 0}, "greater than or equal to 1"),
+        ({"samples": 0}, "greater than or equal to 1"),
+        ({"k": 8}, "`k` is ambiguous here: the samples per prompt are `samples` (or `n`), pass@k's k is `pass_k`"),
         ({"samples": 2, "pass_k": 3}, "pass@k needs k <= n"),
         ({"every": 0}, "greater than or equal to 1"),
         ({"datasets": []}, "at least 1"),

@@ -122,11 +122,11 @@ def _dataset(tmp_path, ground_truth="7"):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["-k", "0"], "--samples: Input should be greater than or equal to 1, got 0"),
-        (["-k", "2", "--pass-k", "3"], "pass_k = 3 exceeds samples = 2"),
+        (["-n", "0"], "--samples: Input should be greater than or equal to 1, got 0"),
+        (["-n", "2", "--pass-k", "3"], "pass_k = 3 exceeds samples = 2"),
         (["--T", "0"], "--T: Input should be greater than or equal to 1"),
         (["--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
-        (["--temperature", "0"], "tau = 0 is greedy decoding"),  # with the default 4 samples: set -k 1
+        (["--temperature", "0"], "tau = 0 is greedy decoding"),  # with the default 4 samples: set -n 1
     ],
 )
 def test_eval_refuses_bad_flags(tmp_path, capsys, flags, message):
@@ -170,8 +170,8 @@ def test_eval_refuses_an_unknown_model_and_an_incomplete_checkpoint(tmp_path, ca
         (["eval", "--run", "r"], "--run needs at least one registered dataset"),
         (["eval", "--run", "r", "--id", "3", "-d", "aime"], "--id follows eval 3 as it was posted"),
         (["eval", "--run", "r", "-d", "aime", "--out", "x.json"], "--out writes the figures once the eval is done: add --wait"),
-        (["eval", "--run", "r", "-d", "aime", "-k", "0"], "--samples: Input should be greater than or equal to 1"),
-        (["eval", "--run", "r", "-d", "aime", "-k", "2", "--pass-k", "4"], "pass_k = 4 exceeds samples = 2"),
+        (["eval", "--run", "r", "-d", "aime", "-n", "0"], "--samples: Input should be greater than or equal to 1"),
+        (["eval", "--run", "r", "-d", "aime", "-n", "2", "--pass-k", "4"], "pass_k = 4 exceeds samples = 2"),
         (["eval", "--run", "r", "-d", "aime", "--wait", "--interval", "0"], "--interval must be positive"),
     ],
 )
@@ -221,7 +221,7 @@ def test_eval_run_posts_the_request_polls_prints_and_writes(monkeypatch, capsys,
     fake = FakeEvals({"status": "done", "policy_version": 7, "context_length": 64, "figures": FIGURES})
     monkeypatch.setattr(magic.cli, "ControllerClient", fake)
     out = tmp_path / "eval.json"
-    argv = ["eval", "--run", "r", "-d", "aime", "-d", "math", "-k", "8", "--pass-k", "4", "--T", "64", "--wait", "--interval", "0.01", "--out", str(out)]
+    argv = ["eval", "--run", "r", "-d", "aime", "-d", "math", "-n", "8", "--pass-k", "4", "--T", "64", "--wait", "--interval", "0.01", "--out", str(out)]
     assert main(argv) == Exit.ok
     assert fake.posted == [("r", {"datasets": ["aime", "math"], "samples": 8, "temperature": 1.0, "top_p": 1.0, "pass_k": 4, "context_length": 64})]
     text = capsys.readouterr().out
