@@ -337,7 +337,7 @@ from magic.runtime.ports import free_port
             resp = api.post("/v1/datasets", json={"name": "held", "path": str(held)})
             if resp.status_code != 201:
                 raise RuntimeError(f"the controller refused the held-out dataset: {resp.status_code} {resp.text}")
-            spec["validation"] = {"datasets": ["held"], "every": args.validation_every, "k": args.validation_samples}
+            spec["validation"] = {"datasets": ["held"], "every": args.validation_every, "samples": args.validation_samples}
         resp = api.post("/v1/runs", json=spec)
         if resp.status_code != 201:
             raise RuntimeError(f"the controller refused the run: {resp.status_code} {resp.text}")

@@ -46,9 +46,10 @@ def stage(**overrides) -> StageConfig:
     return StageConfig.model_validate(base)
 
 
-def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: list[pb.ScoredGroup]) -> None:
+def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: list[pb.ScoredGroup], **request) -> None:
     """Put `groups` on the run's `scored` stream as the real services would: the controller's
-    publication of step `step` (record + group digests, `magic.store.steps`), then the groups."""
+    publication of step `step` (record + group digests, `magic.store.steps`; `request`: its
+    checkpoint and keep_version), then the groups."""
     from magic.protocol import keys
     from magic.store.steps import StepStore
     from magic.store.streams import Stream
@@ -56,7 +57,7 @@ def publish_step(r, run_id: str, step: int, stage_config: StageConfig, groups: l
     for g in groups:
         g.rollout.prompt.run_id = run_id
     pipe = r.pipeline(transaction=True)
-    StepStore(r, run_id).publish_step(pipe, step, 0, stage_config, [g.rollout.prompt for g in groups])
+    StepStore(r, run_id).publish_step(pipe, step, 0, stage_config, [g.rollout.prompt for g in groups], **request)
     pipe.execute()
     for g in groups:
         Stream(r, keys.RunKeys(run_id).scored).add(g)

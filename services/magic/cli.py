@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("run")
     exp.add_argument(
         "--step", type=int, default=None,
-        help="the checkpoint written after training step K (steps count from 0: it holds policy version K+1; with a checkpoint "
-        "every 20 steps they are 19, 39, ...) (default: the newest complete checkpoint)",
+        help="the checkpoint of the policy after K steps (policy version K: the one step K's record validates; one is written "
+        "every checkpoint_every = 20 steps, at each stage's end and for the best validation) (default: the newest complete checkpoint)",
     )
     exp.add_argument("--out", "-o", required=True, help="the model directory to write (must not exist unless --force)")
     exp.add_argument("--data-dir", default=None, help="the shared volume the learner writes to (default: $MAGIC_DATA_DIR or .magic/data)")

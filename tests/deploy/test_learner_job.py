@@ -131,4 +131,4 @@ def test_the_rendered_learner_job_trains_like_one_process(chart, r, redis_server
     for a, b in zip(ref_records, done, strict=True):
         for key in learner_batches.RECORD_KEYS:
             assert b.metrics[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, tails())
-    assert (data / "runs" / run_id / "checkpoints" / "step-00000001" / "COMPLETE").exists()
+    assert (data / "runs" / run_id / "checkpoints" / "step-00000002" / "COMPLETE").exists()

@@ -179,14 +179,14 @@ def test_a_paused_learner_never_writes_a_checkpoint_once_replaced(world, b_check
     a = world.sup.get("learner")
     wait_for(lambda: Path(f"/proc/{a.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", 90, "learner A to pause")
     world.sup.start("learner-b", "magic.learner", {**world.role_env("learner"), "MAGIC_CHECKPOINT_EVERY": "1" if b_checkpoints else "0"})
-    ckpt = Path(world.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / "step-00000002"
+    ckpt = Path(world.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / "step-00000003"  # the policy after step 2
     wait_for(lambda: recorded(world, run) >= 3, 120, "learner B to train step 2")
     if b_checkpoints:
         wait_for(lambda: (ckpt / "COMPLETE").exists(), 30, "learner B's checkpoint 2")
         before = (ckpt.stat().st_ino, (ckpt / "COMPLETE").read_text())
         assert json.loads(before[1])["epoch"] == 2  # A took epoch 1, B epoch 2
     os.kill(a.proc.pid, signal.SIGCONT)
-    expected = "checkpoint step-00000002 exists and is intact (epoch 2): kept" if b_checkpoints else "checkpoint step-00000002 not written"
+    expected = "checkpoint step-00000003 exists and is intact (epoch 2): kept" if b_checkpoints else "checkpoint step-00000003 not written"
     wait_for(lambda: expected in a.log_tail(300), 60, f"A's copy dropped ({expected})")
     status = finish(world, run)
     assert_exactly_once(world, run, 4, status)

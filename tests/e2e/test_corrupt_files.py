@@ -39,7 +39,7 @@ def learner_stopped_at(w: World, run: str) -> Path:
     assert w.api.post(f"/v1/runs/{run}/pause").status_code == 200
     wait_for(lambda: w.status(run)["status"] == "paused", 60, "the run to pause")
     last = int(w.r.hget(keys.RunKeys(run).learner_state, "last_step"))
-    ckpt = Path(w.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / f"step-{last:08d}"
+    ckpt = Path(w.sup.base_env["MAGIC_DATA_DIR"]) / "runs" / run / "checkpoints" / f"step-{last + 1:08d}"  # the policy after its last step
     wait_for(lambda: (ckpt / "COMPLETE").exists(), 30, f"checkpoint {ckpt.name}")
     w.sup.kill("learner")
     return ckpt
@@ -69,7 +69,7 @@ def test_a_learner_restarted_on_an_unreadable_checkpoint_falls_back_and_the_run_
     log = world.sup.get("learner").log_tail(400)
     assert f"checkpoint {ckpt} is unreadable" in log and "without a (readable) checkpoint" in log
     # the reset of the optimizer state is recorded, not silent: in the step record, the run's status
-    resumed = int(ckpt.name.split("-")[1]) + 1
+    resumed = int(ckpt.name.split("-")[1])  # the policy after K steps resumes at step K
     records = world.api.get(f"/v1/runs/{run}/metrics").json()
     assert [r["step"] for r in records if r.get("optimizer_reset")] == [resumed]
     view = world.api.get(f"/v1/runs/{run}").json()

@@ -19,6 +19,7 @@ from waiting import answers, wait_for
 
 from magic.cli import main
 from magic.demo import task
+from magic.learner.checkpoints import read_trainer_state
 from magic.local.redis_server import RedisServer
 from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
@@ -70,7 +71,7 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
             "model": str(tiny_model_dir),
             "datasets": [str(train)],
             "stages": [{"name": "a", "steps": 4, "T": 8, "D_R": 2, "gs": 2}, {"name": "b", "steps": 3, "T": 10, "D_R": 2, "gs": 2}],
-            "validation": {"datasets": ["held"], "every": 5, "k": 3, "pass_k": 2, "max_prompts": 5},
+            "validation": {"datasets": ["held"], "every": 5, "samples": 3, "pass_k": 2, "max_prompts": 5, "best_by": "avg_at_n"},
         }
         resp = api.post("/v1/runs", json=spec)
         assert resp.status_code == 201, resp.text
@@ -129,7 +130,18 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         assert [r["step"] for r in records if "validation" in r] == [0, 5]
         assert records[5]["validation"] == stored["5"]
         jsonl = (tmp_path / "data" / "runs" / "val" / "metrics.jsonl").read_text().splitlines()
-        assert len(jsonl) == 7 and '"validation"' in jsonl[5]
+        assert len(jsonl) == 8 and '"validation"' in jsonl[5]
+        assert json.loads(jsonl[7]) == {"step": 7, "policy_version": 7, "final": True, "validation": stored["7"]}  # the final policy's, last
+        # checkpoints: stage a's end (after 4 steps), each new best (by avg@n), the plan's end; the best kept
+        values = {v: stored[str(v)]["held"]["avg_at_n"] for v in (0, 5, 7)}
+        best = max(values, key=lambda v: (values[v], -v))  # the first of equals
+        assert view["best"] == {"policy_version": best, "by": "avg_at_n", "value": values[best], "checkpoint": f"step-{best:08d}" if best else None}
+        ckpts = sorted((tmp_path / "data" / "runs" / "val" / "checkpoints").glob("step-*/COMPLETE"))
+        names = [c.parent.name for c in ckpts]
+        assert "step-00000007" in names and (best == 0 or f"step-{best:08d}" in names) and set(names) <= {"step-00000004", "step-00000005", "step-00000007"}
+        # v4, then v5 if it beat v0, then v7: keep_checkpoints = 2 leaves v5 and v7, or v4 and v7 (the best among them)
+        assert names == (["step-00000005", "step-00000007"] if values[5] > values[0] else ["step-00000004", "step-00000007"])
+        assert all(read_trainer_state(c.parent)["policy_version"] == int(c.parent.name[5:]) for c in ckpts)
         # the status shows the latest (final) validation, /metrics its series
         assert view["validation"] == {"policy_version": 7, "datasets": stored["7"]}
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text

@@ -34,7 +34,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, tmp_path):
     registry = DatasetRegistry(DatasetIndex(r))
     registry.register(DatasetSpec(name="held", path=str(held_file(tmp_path))))
-    spec = RunSpec(name="v", model="m", datasets=["held"], stages=[{"steps": 4, "T": 16, "D_R": 2, "gs": 2}], validation={"datasets": ["held"], "every": 2, "k": 4, "pass_k": 2})
+    spec = RunSpec(name="v", model="m", datasets=["held"], stages=[{"steps": 4, "T": 16, "D_R": 2, "gs": 2}], validation={"datasets": ["held"], "every": 2, "samples": 4, "pass_k": 2})
     runs = Runs(r, tmp_path / "data")
     runs.create(spec)
     rk = keys.RunKeys("v")
@@ -164,7 +164,7 @@ def test_evals_are_served_while_paused_or_waiting_and_bad_requests_are_refused(a
     assert api.post("/v1/runs/p/pause", headers=AUTH).status_code == 200
     wait_status(api, "p", "paused")
     with FakeServices(r, "p"):
-        resp = api.post("/v1/runs/p/evals", json={"datasets": ["held"], "k": 4, "pass_k": 2}, headers=AUTH)
+        resp = api.post("/v1/runs/p/evals", json={"datasets": ["held"], "samples": 4, "pass_k": 2}, headers=AUTH)
         assert resp.status_code == 202, resp.text
         assert resp.json()["status"] == "pending" and resp.json()["id"] == "1"
         body = wait_eval(api, "p", "1")

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def world(r, tmp_path):
     registry = DatasetRegistry(DatasetIndex(r))
     registry.register(DatasetSpec(name="held", path=str(held_file(tmp_path))))
-    spec = RunSpec(name="v", model="m", datasets=["held"], stages=[{"steps": 4, "T": 16, "D_R": 2, "gs": 2}], validation={"datasets": ["held"], "every": 2, "k": 4, "pass_k": 2})
+    spec = RunSpec(name="v", model="m", datasets=["held"], stages=[{"steps": 4, "T": 16, "D_R": 2, "gs": 2}], validation={"datasets": ["held"], "every": 2, "samples": 4, "pass_k": 2})
     runs = Runs(r, tmp_path / "data")
     runs.create(spec)
 

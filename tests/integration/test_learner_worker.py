@@ -4,6 +4,7 @@ a restarted learner resumes from the checkpoint to give the same next step as on
 from __future__ import annotations
 
 import pytest
+import torch
 from learner_batches import publish_step, scored_groups
 
 from magic import modeling
@@ -54,7 +55,7 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model
     for k in range(2):
         assert train(first, r, "restarted", k, vocab)["loss"] == pytest.approx(expected[k]["loss"], rel=1e-6)
     first.close()  # the process "dies"; a new one attaches to the same run
-    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000000", "step-00000001"]
+    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000001", "step-00000002"]  # the policy after 1 and 2 steps
 
     second = LearnerWorker(RunChannels(r, "restarted", "learner", settings.worker_name), settings)
     assert second.step == 2 and second.trainer.controller.coef == pytest.approx(0.02)
@@ -63,7 +64,49 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(r, tmp_path, tiny_model
     assert got["entropy_coef"] == pytest.approx(0.02) and got["entropy_bonus_active"] == 1.0
     for key in ("loss", "pg_loss", "entropy", "kl_old", "grad_norm"):
         assert got[key] == pytest.approx(expected[2][key], rel=1e-5), key
-    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000001", "step-00000002"]
+    assert sorted(p.name for p in checkpoint_root(settings, "restarted").iterdir()) == ["step-00000002", "step-00000003"]
+
+
+def test_checkpoints_the_controller_asks_for_hold_the_version_they_name_and_the_best_is_kept(r, tmp_path, tiny_model_dir):
+    """A request in step k's record (a stage ended, a best validation) is the policy after k steps,
+    written before step k trains; the best is kept past `keep_checkpoints`; the plan's end is a
+    request alone, answered once the checkpoint is on disk."""
+    from magic.learner.checkpoints import read_trainer_state
+    from magic.store.steps import StepStore
+
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    settings = LearnerSettings(data_dir=tmp_path, worker_name="learner-test", checkpoint_every=0, keep_checkpoints=1, micro_batch_tokens=64)
+    start_run(r, "asked", tiny_model_dir)
+    steps = StepStore(r, "asked")
+    worker = LearnerWorker(RunChannels(r, "asked", "learner", settings.worker_name), settings)
+    root = checkpoint_root(settings, "asked")
+    train(worker, r, "asked", 0, vocab)
+    after_one = {k: v.detach().clone() for k, v in worker.trainer.backend.full_state_dict().items()}
+    publish_step(r, "asked", 1, StageConfig.model_validate(STAGE), scored_groups(1, 4, 4, vocab, seed=11), checkpoint=True)
+    for _ in range(50):
+        worker.poll()
+        if worker.step > 1:
+            break
+    assert worker.step == 2 and steps.learner_checkpoint() == 1
+    assert [p.name for p in root.iterdir()] == ["step-00000001"] and read_trainer_state(root / "step-00000001")["policy_version"] == 1
+    saved = modeling.load_model(root / "step-00000001", dtype=next(iter(after_one.values())).dtype).state_dict()
+    assert set(after_one) <= set(saved) and all(torch.equal(saved[k], v) for k, v in after_one.items())  # the weights before step 1, not after
+
+    publish_step(r, "asked", 2, StageConfig.model_validate(STAGE), scored_groups(2, 4, 4, vocab, seed=11), checkpoint=True, keep_version=1)
+    for _ in range(50):
+        worker.poll()
+        if worker.step > 2:
+            break
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000001", "step-00000002"]  # keep 1, and the best (v1)
+
+    pipe = r.pipeline(transaction=True)  # the plan ends after 3 steps: a request alone
+    steps.request_checkpoint(pipe, 3, keep_version=1)
+    pipe.execute()
+    assert steps.checkpoint_request(3).version == 3
+    worker.poll()
+    worker.close()
+    assert steps.learner_checkpoint() == 3
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000001", "step-00000003"]  # v2 went: not the newest, not the best
 
 
 def test_a_stage_that_does_not_fit_is_refused_before_anything_loads(r, tmp_path, tiny_model_dir, monkeypatch):

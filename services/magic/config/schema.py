@@ -139,6 +139,9 @@ class StageConfig(BaseModel):
     """End condition: the most on-policy steps this stage runs (all of them without `plateau`)."""
     plateau: PlateauRule | None = None
     """End condition: end the stage before `steps` once `plateau.metric` stops improving."""
+    checkpoint_at_end: bool = True
+    """Checkpoint the policy this stage ends with (verl saves the last step too), beside the
+    learner's every `checkpoint_every`-th; the plan's end is its last stage's end."""
     online_filter: bool = True
     """At this stage's start, drop the prompts the policy solved in every sample during the
     previous stage (online filtering, §6); no effect on the first stage."""
@@ -402,6 +405,24 @@ class ValidationConfig(EvalConfig):
     before_training: bool = True
     """Validate the initial model before the first step (verl's `val_before_train`); false: the
     first point of the curve is step `every`'s."""
+    best_by: str | None = Field(default=None, pattern=r"^([a-z0-9][a-z0-9._-]*:)?(avg_at_n|pass_at_k)$")
+    """Keep the checkpoint of the best validation so far (OpenRLHF's / TRL's
+    `metric_for_best_model`): `avg_at_n` or `pass_at_k` of the first dataset, or `DATASET:FIGURE`;
+    higher is better. Each new best is checkpointed and kept whatever `keep_checkpoints` says;
+    GET /v1/runs/{run} names it (`best`). None: no best is kept."""
+
+    @model_validator(mode="after")
+    def _best_names_a_dataset(self) -> "ValidationConfig":
+        if self.best_by and ":" in self.best_by and self.best_by.split(":")[0] not in self.datasets:
+            raise ValueError(f"best_by {self.best_by!r} names a dataset this validation does not evaluate ({', '.join(self.datasets)})")
+        return self
+
+    def best_figure(self, figures: dict[str, dict]) -> float | None:
+        """The figure `best_by` names, from one validation's figures (None without `best_by`)."""
+        if not self.best_by:
+            return None
+        dataset, _, figure = self.best_by.rpartition(":")
+        return float(figures[dataset or self.datasets[0]][figure])
 
 
 class RunSpec(BaseModel):

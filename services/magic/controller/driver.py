@@ -11,6 +11,7 @@
         [evals]     requested evaluations (POST /v1/runs/{run}/evals) of version k; while the
                     run is paused or waits for a stage they are served at once
         publish D_R prompt groups tagged (step k, version k, the stage's T, gs, tau)
+            (with a checkpoint request when a stage just ended or version k validated best yet)
         wait for the learner's StepCompleted(k): it trained and published k+1   (rollout)
         wait until every live rollout worker serves version k + 1          (sync)
         record step k's figures (learner metrics + phase timings) in Redis and the JSONL log
@@ -44,7 +45,7 @@ from magic.controller.events import EventInbox
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
 from magic.controller.stream_metrics import StreamSampler
-from magic.controller.validation import EVAL_OPEN, EvaluationTimeout, Validation
+from magic.controller.validation import EVAL_OPEN, EvaluationTimeout, Validation, best
 from magic.observability import metrics as m
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
@@ -291,7 +292,12 @@ class StepDriver(threading.Thread):
             log.info("run %s resumed", self.run_id)
 
     def _wait_for_stage(self) -> None:
-        """The plan is done and the run waits: return once a stage was appended."""
+        """The plan is done and the run waits: return once a stage was appended (the policy the
+        plan ended with is checkpointed meanwhile, as at a stage's end)."""
+        k = int(self.store.state().get("step", 0))
+        if self._checkpoint_wanted(k, None) and (self.steps.learner_checkpoint() or -1) < k:
+            with self.store.transaction() as tx:
+                self.steps.request_checkpoint(tx, k, self._keep_version())
         self.store.update(status=RunStatus.waiting)
         stages = len(self._spec().stages)
         log.info("run %s: plan done after %d stages; waiting for the next stage", self.run_id, stages)
@@ -331,9 +337,48 @@ class StepDriver(threading.Thread):
         if validate:
             try:
                 self._validate(k, last, spec.stages[-1].context_length)
+                if (figures := self.store.validation(k)) is not None:
+                    self.store.append_final_validation(k, figures)  # the curve's last point in metrics.jsonl
             except EvaluationTimeout as exc:
                 log.error("run %s: the final validation (version %d) failed: %s", self.run_id, k, exc)
         self._serve_evals(k, max(last, 0), spec.stages[-1].context_length if spec.stages else None)
+        self._checkpoint_plan_end(k)
+
+    # -- checkpoints the plan asks for ------------------------------------------------------------
+
+    def _keep_version(self) -> int | None:
+        """The policy version whose checkpoint is kept whatever its age: the best validation's
+        (`validation.best_by`); None without one, or when the initial model (version 0) is best."""
+        top = best(self._spec().validation, self.store.validations())
+        return top[0] if top is not None and top[0] > 0 else None
+
+    def _checkpoint_wanted(self, k: int, stage: CurrentStage | None) -> bool:
+        """Whether the learner checkpoints version k at step k's boundary: a stage ended there
+        (`checkpoint_at_end` of the stage that ended; `stage` None: the plan's last) or version k
+        validated best yet."""
+        if k == 0:
+            return False  # the initial model is its own directory
+        stages = self._spec().stages
+        ended = stages[stage.index - 1] if stage is not None and stage.start == k and stage.index > 0 else (stages[-1] if stage is None and stages else None)
+        return bool(ended is not None and ended.checkpoint_at_end) or self._keep_version() == k
+
+    def _checkpoint_plan_end(self, k: int) -> None:
+        """The plan finished after k steps: ask the learner for the checkpoint of version k (when
+        the last stage or the best validation wants it) and wait until it is written — a run
+        that ends has its final weights on disk — for at most the step timeout."""
+        if not self._checkpoint_wanted(k, None):
+            return
+        if (self.steps.learner_checkpoint() or -1) < k:
+            with self.store.transaction() as tx:
+                self.steps.request_checkpoint(tx, k, self._keep_version())
+        deadline = time.monotonic() + self.settings.step_timeout_seconds
+        while (self.steps.learner_checkpoint() or -1) < k:
+            if time.monotonic() > deadline:
+                log.error("run %s: the learner did not write the checkpoint of the final policy (version %d) within %.0fs", self.run_id, k, self.settings.step_timeout_seconds)
+                return
+            self._check_control()
+            self._check_events(block_ms=200)
+        log.info("run %s: the final policy (version %d) is checkpointed", self.run_id, k)
 
     # -- requested evaluations (POST /v1/runs/{run}/evals) -------------------------------------------
 
@@ -379,8 +424,9 @@ class StepDriver(threading.Thread):
             for group in groups:
                 group.penalties_json = cfg.penalties.model_dump_json()
         faults.point(self.armed, "controller.publishing", k)
+        checkpoint, keep = self._checkpoint_wanted(k, stage), self._keep_version()
         with self.store.transaction() as tx:
-            self.steps.publish_step(tx, k, stage.index, cfg, groups)
+            self.steps.publish_step(tx, k, stage.index, cfg, groups, checkpoint=checkpoint, keep_version=keep)
             self.store.set_phase(tx, Phase.rollout, stage.index)
         faults.point(self.armed, "controller.published", k)
         log.info("step %d (stage %d '%s', T=%d): published %d prompt groups", k, stage.index, cfg.name, cfg.context_length, len(records))

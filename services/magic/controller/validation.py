@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from magic.config.schema import EvalConfig, RunSpec
+from magic.config.schema import EvalConfig, RunSpec, ValidationConfig
 from magic.controller.datasets import DatasetError, DatasetRegistry, PromptRecord, group_seed, prompt_group
 from magic.controller.errors import RunFailed
 from magic.controller.settings import ControllerSettings
@@ -109,6 +109,27 @@ def figures_by_dataset(outcomes: dict[str, list[PromptOutcome]], k: int, sources
                 split.setdefault(label or "(none)", []).append(row)
             out[name]["by_data_source"] = {label: summarise(part, k).as_dict() for label, part in sorted(split.items())}
     return out
+
+
+def best(cfg: ValidationConfig | None, validations: dict[int, dict[str, dict]]) -> tuple[int, float] | None:
+    """(policy version, figure) of the best validation by `cfg.best_by` (the first of equals: a
+    later one must beat it), or None (no `best_by`, no validation yet, or none has the figure).
+
+    >>> cfg = ValidationConfig(datasets=["a"], best_by="avg_at_n")
+    >>> best(cfg, {0: {"a": {"avg_at_n": 0.2}}, 10: {"a": {"avg_at_n": 0.5}}, 20: {"a": {"avg_at_n": 0.5}}})
+    (10, 0.5)
+    """
+    if cfg is None or not cfg.best_by:
+        return None
+    top = None
+    for version, figures in sorted(validations.items()):
+        try:
+            value = cfg.best_figure(figures)
+        except (KeyError, TypeError, ValueError):  # a validation of another dataset list (a spec edited since)
+            continue
+        if value is not None and (top is None or value > top[1]):
+            top = (version, value)
+    return top
 
 
 def export(figures: dict[str, dict], version: int) -> None:

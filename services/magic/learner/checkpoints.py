@@ -1,19 +1,26 @@
-"""Checkpoints of the learner: a directory per step that loads as a Hugging Face model on its own.
+"""Checkpoints of the learner: a directory per policy version that loads as a Hugging Face model on its own.
 
-Layout: root/step-<k>/ {config.json, generation_config.json, model.safetensors (HF format; the
+One numbering (the docs', the CLI's, the step records'): checkpoint `step-<K>` holds the policy
+after K training steps, i.e. policy version K — the weights step K's record validates and step K
+starts from (steps count from 0; `magic export RUN --step K`). A stage's or the plan's end and a
+new best validation figure get a checkpoint of their own (`magic.store.steps`: the controller
+asks for one; the learner writes it before training on), beside every `checkpoint_every`-th version.
+
+Layout: root/step-<K>/ {config.json, generation_config.json, model.safetensors (HF format; the
 float32 master weights), the tokenizer and chat template of the run's model, optimizer.pt or
 deepspeed/ (partitioned state), ema_reference.safetensors (with an EMA reference),
 trainer_state.json, COMPLETE}: the directory loads as it is with `from_pretrained` and `vllm serve`.
 
-COMPLETE is the checkpoint's manifest: every file's size and SHA-256, the step and the learner
-lease epoch that wrote it, written (and fsynced) once every file is fsynced. A checkpoint without
+COMPLETE is the checkpoint's manifest: every file's size and SHA-256, the step, the policy
+version and the learner lease epoch that wrote it, written (and fsynced) once every file is fsynced. A checkpoint without
 it, whose files do not match it (`verify`: a write cut short, a disk that lost or zeroed blocks,
 a file replaced), or that does not parse (`problem`), is never loaded.
 
 Writes are fenced like every other write of the learner: a checkpoint is written into a hidden
 directory and renamed into place only if the writer still holds the learner lease (`fence`) and
-no intact checkpoint of that step is there already. So a learner paused past its lease and
-resumed never replaces the checkpoint its replacement wrote. The oldest beyond `keep` are deleted.
+no intact checkpoint of that version is there already. So a learner paused past its lease and
+resumed never replaces the checkpoint its replacement wrote. The oldest beyond `keep` are deleted,
+except the one of the version `protect` names (the best validation's, `ValidationConfig.best_by`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from magic.learner.backends import PUBLISH_BUCKET_BYTES
 from magic.learner.loading import SafetensorsFile
+from magic.protocol.layout import checkpoint_name
 from magic.runtime.files import fsync_path, fsync_tree, sha256_hex, write_durably
 from magic.weights.base import StateBuckets
 from magic.weights.filesystem import write_safetensors
@@ -43,13 +51,21 @@ log = logging.getLogger(__name__)
 EMA_REFERENCE_FILE = "ema_reference.safetensors"
 """The EMA reference policy's weights in a checkpoint (present when a stage used one)."""
 TRAINER_STATE_FILE = "trainer_state.json"
-"""The step and the entropy controller's state."""
+"""The policy version, the last step trained and the entropy controller's state."""
 COMPLETE = "COMPLETE"
 """Written last: a checkpoint without it is never loaded."""
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
+def step_dir(root: Path, version: int) -> Path:
+    """The checkpoint of policy version `version` (the weights after `version` steps)."""
+    return root / checkpoint_name(version)
+
+
+def version_of(directory: Path) -> int:
+    """The policy version checkpoint `directory` holds: its trainer state's `policy_version`; a
+    checkpoint written before versions were recorded holds its last trained step + 1."""
+    state = read_trainer_state(directory)
+    return int(state["policy_version"]) if "policy_version" in state else int(state["step"]) + 1
 
 
 MODEL_ASSETS = (
@@ -98,15 +114,16 @@ class CheckpointWriter:
         self._writer: threading.Thread | None = None
 
     def save(
-        self, backend, root: Path, step: int, keep: int, trainer_state: dict, ema: dict | None, assets_from: str | None, background: bool = True,
-        fence: Callable[[], None] | None = None, epoch: int = 0,
+        self, backend, root: Path, version: int, keep: int, trainer_state: dict, ema: dict | None, assets_from: str | None, background: bool = True,
+        fence: Callable[[], None] | None = None, epoch: int = 0, protect: int | None = None,
     ) -> Path | None:
-        """Write checkpoint `step` under `root` (collective: every rank calls it); returns its
-        directory on rank 0. `trainer_state` and `ema` (CPU tensors) are rank 0's. `fence` (rank
+        """Write the checkpoint of policy version `version` under `root` (collective: every rank
+        calls it); returns its directory on rank 0; the oldest beyond `keep` go, except version
+        `protect`'s. `trainer_state` and `ema` (CPU tensors) are rank 0's. `fence` (rank
         0's) raises unless this learner still holds its lease, whose `epoch` the manifest records:
         it is called before the checkpoint is renamed into place."""
         self.wait()
-        final = step_dir(root, step)
+        final = step_dir(root, version)
         rank0 = backend.rank == 0
         tmp = None
         if rank0:
@@ -128,9 +145,9 @@ class CheckpointWriter:
             log.error("writing checkpoint %s failed: %s", final, failed)
             shutil.rmtree(tmp, ignore_errors=True)
         elif rank0:
-            args = (backend.policy, state, write_optimizer, trainer_state, assets_from, tmp, final, keep, ema, fence, epoch)
+            args = (backend.policy, state, write_optimizer, trainer_state, assets_from, tmp, final, keep, ema, fence, epoch, protect)
             if background and write_optimizer is not None:
-                self._writer = threading.Thread(target=_write_checkpoint, args=args, name=f"checkpoint-{step}")
+                self._writer = threading.Thread(target=_write_checkpoint, args=args, name=f"checkpoint-v{version}")
                 self._writer.start()  # not a daemon: a stopping learner finishes the checkpoint
             else:
                 _write_checkpoint(*args)
@@ -146,10 +163,11 @@ class CheckpointWriter:
 
 def _write_checkpoint(
     policy, state, write_optimizer, trainer_state, assets_from, tmp: Path, final: Path, keep: int, ema: dict | None = None,
-    fence: Callable[[], None] | None = None, epoch: int = 0,
+    fence: Callable[[], None] | None = None, epoch: int = 0, protect: int | None = None,
 ) -> None:
     """Rank 0's files of a checkpoint into `tmp`, the manifest last; then, if the fence holds and no
-    intact checkpoint of the step is there, renamed to `final`; then the oldest beyond `keep` go."""
+    intact checkpoint of the version is there, renamed to `final`; then the oldest beyond `keep`
+    go, except version `protect`'s."""
     try:
         if state is not None:
             policy.save_pretrained(tmp, state_dict=state, safe_serialization=True)  # config + generation_config + weights
@@ -165,7 +183,7 @@ def _write_checkpoint(
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
         fsync_tree(tmp)  # every file on disk before the manifest that vouches for them
         files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_hex(p)} for p in sorted(tmp.rglob("*")) if p.is_file()}
-        write_durably(tmp / COMPLETE, json.dumps({"step": trainer_state.get("step"), "epoch": epoch, "files": files}))
+        write_durably(tmp / COMPLETE, json.dumps({"step": trainer_state.get("step"), "policy_version": trainer_state.get("policy_version"), "epoch": epoch, "files": files}))
     except Exception:  # noqa: BLE001 — an incomplete checkpoint is never loaded; the next one retries
         log.exception("writing checkpoint %s failed", final)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -174,8 +192,10 @@ def _write_checkpoint(
     if not _publish(tmp, final, fence, epoch):
         shutil.rmtree(tmp, ignore_errors=True)
         return
+    kept = final.name if protect is None else step_dir(root, protect).name
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name != kept:
+            shutil.rmtree(old, ignore_errors=True)
     _remove_leftovers(root, keep=tmp)
     # a checkpoint at this shape exists now: the universal conversion a resume at it started from goes
     shutil.rmtree(root.parent / "universal", ignore_errors=True)
@@ -225,12 +245,27 @@ def _epoch(directory: Path) -> int | None:
         return None
 
 
-def latest_checkpoint(root: Path, step: int | None = None) -> Path | None:
-    """The newest complete, intact checkpoint under `root` (of `step` exactly, if given): each
-    file hashed against its manifest (`verify`); a damaged one is skipped, with a warning saying why."""
-    done = sorted((p.parent for p in root.glob(f"step-*/{COMPLETE}")), reverse=True)
-    if step is not None:
-        done = [p for p in done if p.name == f"step-{step:08d}"]
+def checkpoint_versions(root: Path) -> dict[int, Path]:
+    """{policy version: directory} of the complete checkpoints under `root` (not verified: one
+    whose trainer state is unreadable is listed under its name's number, for `verify` to refuse)."""
+    found = {}
+    for marker in root.glob(f"step-*/{COMPLETE}"):
+        try:
+            found[version_of(marker.parent)] = marker.parent
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                found.setdefault(int(marker.parent.name.removeprefix("step-")), marker.parent)
+            except ValueError:
+                continue  # not a name this learner writes
+    return found
+
+
+def latest_checkpoint(root: Path, version: int | None = None) -> Path | None:
+    """The newest complete, intact checkpoint under `root` (of policy version `version` exactly, if
+    given): each file hashed against its manifest (`verify`); a damaged one is skipped, with a
+    warning saying why."""
+    found = checkpoint_versions(root)
+    done = [found[v] for v in sorted(found, reverse=True) if version is None or v == version]
     for d in done:
         why = verify(d)
         if why is None:
@@ -300,7 +335,8 @@ def problem(directory: Path) -> str | None:
 
 
 def read_trainer_state(directory: Path) -> dict:
-    """The checkpoint's trainer state: {"step": k, "entropy_controller": {...}}."""
+    """The checkpoint's trainer state: {"step": k (the last step trained), "policy_version": k + 1,
+    "entropy_controller": {...}, "shape": {...}}."""
     return json.loads((directory / TRAINER_STATE_FILE).read_text())
 
 

@@ -9,7 +9,8 @@ tokenizer and chat template. `dtype` converts the floating-point weights (the le
 float32 master weights; bfloat16 halves the files, as the models are usually served) and sets
 config.json's dtype to match.
 
-The checkpoint is found under DATA_DIR/runs/<run>/checkpoints/step-<k>; only a complete one whose
+The checkpoint is found under DATA_DIR/runs/<run>/checkpoints/step-<K> (the policy after K steps,
+policy version K: `checkpoints`' one numbering); only a complete one whose
 files match its marker (`checkpoints.problem`) is exported. The output is written to a temporary
 sibling and renamed into place, so a cut-short export never looks like a model.
 """
@@ -21,7 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
-from magic.learner.checkpoints import COMPLETE, MODEL_ASSETS, step_dir, unusable
+from magic.learner.checkpoints import MODEL_ASSETS, checkpoint_versions, unusable
+from magic.protocol.layout import checkpoint_name
 
 LOCAL_DATA_DIR = ".magic/local/data"
 """The data directory of `magic local`'s default --out (.magic/local)."""
@@ -38,18 +40,13 @@ def checkpoint_root(data_dir: str | Path, run: str) -> Path:
 
 
 def available_steps(root: Path) -> list[int]:
-    """The steps of the complete checkpoints under `root` (their COMPLETE marker written), ascending."""
-    steps = []
-    for marker in root.glob(f"step-*/{COMPLETE}"):
-        try:
-            steps.append(int(marker.parent.name.removeprefix("step-")))
-        except ValueError:
-            continue
-    return sorted(steps)
+    """The steps K (= policy versions: the weights after K steps) of the complete checkpoints
+    under `root` (their COMPLETE marker written), ascending."""
+    return sorted(checkpoint_versions(root))
 
 
 def find_checkpoint(data_dir: str | Path, run: str, step: int | None) -> Path:
-    """The checkpoint directory of `run` at `step` (None: the newest complete one)."""
+    """The checkpoint directory of `run` after `step` steps (None: the newest complete one)."""
     root = checkpoint_root(data_dir, run)
     if not (Path(data_dir) / "runs" / run).is_dir():
         runs = sorted(p.name for p in (Path(data_dir) / "runs").glob("*") if p.is_dir())
@@ -64,8 +61,11 @@ def find_checkpoint(data_dir: str | Path, run: str, step: int | None) -> Path:
         if not steps:
             raise ExportError(listing)
         step = steps[-1]
-    d = step_dir(root, step)
-    if not d.is_dir():
+    d = checkpoint_versions(root).get(step)
+    if d is None:
+        cut = root / checkpoint_name(step)
+        if cut.is_dir() and (why := unusable(cut)) is not None:
+            raise ExportError(f"the checkpoint of step {step}: {why}; {listing}")
         raise ExportError(f"the checkpoint of step {step} does not exist; {listing}")
     if (why := unusable(d)) is not None:
         raise ExportError(f"the checkpoint of step {step}: {why}; {listing}")

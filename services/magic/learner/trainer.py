@@ -227,17 +227,21 @@ class Trainer:
     # -- checkpoints (`magic.learner.checkpoints`) ----------------------------------------------
 
     def save_checkpoint(
-        self, root: Path, step: int, keep: int, background: bool = True, fence: Callable[[], None] | None = None, epoch: int = 0
+        self, root: Path, version: int, keep: int, background: bool = True, fence: Callable[[], None] | None = None, epoch: int = 0,
+        protect: int | None = None,
     ) -> Path | None:
-        """Write checkpoint `step` under `root` (collective); returns its directory on rank 0. The
-        policy, optimizer, entropy controller and EMA reference, renamed into place only while
-        `fence` (rank 0's) passes; see `checkpoints.CheckpointWriter`."""
+        """Write the checkpoint of policy version `version` (the weights after `version` steps)
+        under `root` (collective); returns its directory on rank 0. The policy, optimizer, entropy
+        controller and EMA reference, renamed into place only while `fence` (rank 0's) passes; the
+        oldest beyond `keep` go, except version `protect`'s; see `checkpoints.CheckpointWriter`."""
         rank0 = self.backend.rank == 0
-        trainer_state = {"step": step, "entropy_controller": self.controller.state_dict(), "shape": checkpoints.shape_of(self.backend)} if rank0 else {}
+        trainer_state = {
+            "step": version - 1, "policy_version": version, "entropy_controller": self.controller.state_dict(), "shape": checkpoints.shape_of(self.backend),
+        } if rank0 else {}
         ema = None
         if rank0 and self.ema_reference is not None:
             ema = {k: v.detach().to("cpu", copy=True) for k, v in modeling.export_state_dict(self.ema_reference).items()}
-        return self.checkpoint_writer.save(self.backend, root, step, keep, trainer_state, ema, self.assets_from, background, fence, epoch)
+        return self.checkpoint_writer.save(self.backend, root, version, keep, trainer_state, ema, self.assets_from, background, fence, epoch, protect)
 
     def wait_for_checkpoint(self) -> None:
         """Block until the checkpoint being written in the background (if any) is complete."""
@@ -246,7 +250,7 @@ class Trainer:
     def load_checkpoint(self, directory: Path, optimizer_from: Path | None = None) -> int:
         """Optimizer and controller state of a checkpoint (the weights are loaded with the model);
         `optimizer_from`: where the optimizer state is read instead (its universal conversion,
-        when it was written at another shape). Returns its step."""
+        when it was written at another shape). Returns the policy version it holds."""
         self.backend.load(optimizer_from or directory)
         ema = checkpoints.read_ema_reference(directory)
         if ema is not None:
@@ -254,4 +258,4 @@ class Trainer:
             modeling.load_state_dict(self.ema_reference, ema)
         state = checkpoints.read_trainer_state(directory)
         self.controller.load_state_dict(state["entropy_controller"])
-        return int(state["step"])
+        return checkpoints.version_of(directory)

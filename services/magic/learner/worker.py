@@ -7,10 +7,14 @@
     loop:
         pull scored groups into the step ledger (each group id counted once; a group the
           controller did not publish is dead-lettered)
+        step k published with a checkpoint request (a stage's end, the best validation yet):
+            checkpoint version k (held now) before training it
         when step k has all its D_R groups:
-            train on them (trainer.train_step), checkpoint every `checkpoint_every` steps
+            train on them (trainer.train_step), checkpoint version k + 1 when it is a
+              multiple of `checkpoint_every`
             prepare StepCompleted(k), publish version k + 1, then commit in one MULTI:
             last_step = k, acknowledge every entry of step k, StepCompleted(k) on `events`
+        idle at step k with a checkpoint request alone (the plan's end): checkpoint version k
 
 The commit protocol (and why a crash at any point of it trains each step once and sends
 StepCompleted once) is `magic.store.steps`. Scored entries stay unacknowledged until their
@@ -55,7 +59,7 @@ from magic.runtime.liveness import LoopWatch
 from magic.runtime.service import Worker, WorkerRestart, serve
 from magic.store.channels import RunChannels
 from magic.store.lease import LEARNER, LeaseLost, RedisLostData, RunEnded
-from magic.store.steps import StepRecord
+from magic.store.steps import CheckpointRequest, StepRecord
 from magic.store.streams import Entry
 from magic.weights import WeightIntegrityError, make_sender
 from magic.weights.base import StateBuckets
@@ -200,6 +204,7 @@ class LearnerWorker(Worker):
             keep=settings.keep_weight_versions,
         )
         self._record: StepRecord | None = None  # the record of step `self.step`, once published
+        self._checkpointed = -1  # the step at whose boundary the checkpoint the controller asked for was written
         announced = self._finish_cut_commit()
         progress = self.steps.learner_progress()
         self.step = progress.last_step + 1  # the next step to train
@@ -270,31 +275,31 @@ class LearnerWorker(Worker):
         return version
 
     def _resume_source(self) -> tuple[str, Path | None]:
-        """Where the policy comes from: the initial model, the checkpoint of the last trained step
-        if it is intact (`checkpoints.verify`: every file against its digest), else the last
+        """Where the policy comes from: the initial model, the checkpoint of the version it resumes
+        (the weights after the last trained step) if it is intact (`checkpoints.verify`: every file against its digest), else the last
         published weights (checked against their digests too), with a fresh optimizer; the run
         fails only when neither loads."""
         if self.version == 0:
             return self.spec.model, None
-        ckpt = latest_checkpoint(self.ckpt_root, step=self.step - 1)
+        ckpt = latest_checkpoint(self.ckpt_root, version=self.version)
         if ckpt is not None:
             log.info("resuming at step %d from checkpoint %s", self.step, ckpt)
             return str(ckpt), ckpt
         log.warning(
-            "resuming at step %d from weights v%d without a (readable) checkpoint of step %d (optimizer state restarts)", self.step, self.version, self.step - 1
+            "resuming at step %d from weights v%d without a (readable) checkpoint of v%d (optimizer state restarts)", self.step, self.version, self.version
         )
         model = modeling.load_model(self.spec.model)
         try:
             state = self.weight_sender.load_version(self.version)
         except WeightIntegrityError as exc:
-            raise RuntimeError(f"run {self.run_id}: cannot resume step {self.step}: no readable checkpoint of step {self.step - 1} under {self.ckpt_root}, and {exc}") from None
+            raise RuntimeError(f"run {self.run_id}: cannot resume step {self.step}: no readable checkpoint of v{self.version} under {self.ckpt_root}, and {exc}") from None
         modeling.load_state_dict(model, state)
         out = run_dir(self.settings, self.run_id) / "resume" / f"v{self.version}"
         model.save_pretrained(out, safe_serialization=True)
         return str(out), None
 
     def _checkpoint_fence(self, k: int) -> Callable[[], None]:
-        """What a checkpoint of step k passes before it is renamed into place (on the writer's thread):
+        """What a checkpoint of version k passes before it is renamed into place (on the writer's thread):
         this learner still holds its lease and Redis lost nothing."""
 
         def fence() -> None:
@@ -336,6 +341,30 @@ class LearnerWorker(Worker):
             self._stream_arrivals(record)
             if self.ledger.is_complete(self.step, record.expected):
                 self.train_and_publish(record)
+        elif self._checkpointed != self.step and (request := self.steps.checkpoint_request(self.step)) is not None:
+            self.checkpoint_on_request(request)  # the plan's end: no step to come
+
+    def checkpoint(self, version: int, protect: int | None) -> None:
+        """Write the checkpoint of `version` (the weights held now) in the background, keeping
+        `keep_checkpoints` and version `protect`'s."""
+        keep = self.settings.keep_checkpoints
+        _broadcast(("checkpoint", str(self.ckpt_root), version, keep, protect))
+        self.trainer.save_checkpoint(self.ckpt_root, version, keep, fence=self._checkpoint_fence(version), epoch=self.lease.epoch or 0, protect=protect)
+
+    def checkpoint_on_request(self, request: CheckpointRequest) -> None:
+        """The controller's request: the checkpoint of `request.version` (held now) on disk — kept if
+        an intact one is there already —, then said so (`StepStore.checkpoint_written`)."""
+        assert request.version == self.version, (request, self.version)
+        self.trainer.wait_for_checkpoint()  # one written in the background may be this one
+        existing = checkpoints.step_dir(self.ckpt_root, request.version)
+        if not (existing.is_dir() and checkpoints.problem(existing) is None):
+            t0 = time.perf_counter()
+            self.checkpoint(request.version, request.keep_version)
+            self.trainer.wait_for_checkpoint()
+            log.info("checkpoint of v%d written on request in %.1fs", request.version, time.perf_counter() - t0)
+        if checkpoints.step_dir(self.ckpt_root, request.version).is_dir():
+            self.steps.checkpoint_written(request.version)
+        self._checkpointed = self.step
 
     def _stream_arrivals(self, record: StepRecord) -> None:
         """Train the step's groups that arrived since the last poll (on-policy steps that can
@@ -367,6 +396,8 @@ class LearnerWorker(Worker):
             self._record = record
             ent = record.stage_config.entropy
             m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.current(ent)})
+            if record.checkpoint:  # a stage ended or a validation was the best yet: the weights held now
+                self.checkpoint_on_request(CheckpointRequest(k, record.keep_version))
         return self._record
 
     def collect(self, entry: Entry) -> None:
@@ -401,7 +432,7 @@ class LearnerWorker(Worker):
     def train_and_publish(self, record: StepRecord) -> None:
         """Train step k on its complete batch, with the stage the controller published it with,
         then commit it (`magic.store.steps`)."""
-        k = record.step
+        k, step_record = record.step, record
         batch_complete_at = time.time()
         stage = record.stage_config
         self.check_stage(stage)  # a stage appended after the run attached: its plan, before training it
@@ -424,10 +455,9 @@ class LearnerWorker(Worker):
         m.export_step(record)
         m.VERSION_MISMATCH.inc(record["version_mismatch"])
         every = self.settings.checkpoint_every
-        if every and (k + 1) % every == 0:
+        if every and (k + 1) % every == 0:  # version k + 1, in the background: the next step goes on
             t1 = time.perf_counter()
-            _broadcast(("checkpoint", str(self.ckpt_root), k, self.settings.keep_checkpoints))
-            self.trainer.save_checkpoint(self.ckpt_root, k, self.settings.keep_checkpoints, fence=self._checkpoint_fence(k), epoch=self.lease.epoch or 0)
+            self.checkpoint(k + 1, step_record.keep_version)
             record["checkpoint_seconds"] = time.perf_counter() - t1
         faults.point(self.armed, "learner.trained", k)
         coef = self.trainer.controller.coef
@@ -549,8 +579,8 @@ def follow(settings: LearnerSettings) -> int:
             for _ in trainer.backend.state_dict_buckets(backends.PUBLISH_BUCKET_BYTES, publish_dtype(settings)):
                 pass  # rank 0's transport consumes each bucket as the ranks gather it
         elif cmd == "checkpoint":
-            root, step, keep = args
-            trainer.save_checkpoint(Path(root), step, keep)
+            root, version, keep, protect = args
+            trainer.save_checkpoint(Path(root), version, keep, protect=protect)
         elif cmd == "detach":
             trainer = None
         elif cmd == "stop":

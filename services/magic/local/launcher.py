@@ -231,7 +231,8 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     from magic.local.plot import plot_run  # heavy (matplotlib): only once the run is over
 
     metrics_path = out / "metrics.jsonl"
-    metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    final = [{"step": len(records), "policy_version": len(records), "final": True, "validation": {HELDOUT: validations[len(records)]}}] if len(records) in validations else []
+    metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records + final))  # the final policy's validation last, as the controller's
     plot = plot_run(records, out / "run.png", before.avg_at_n if before else None, after.avg_at_n if after else None, validations)
     mismatches = int(sum(r.get("version_mismatch", 0) for r in records))
     summary = {

@@ -495,18 +495,33 @@ class RunStore:
     def sync_jsonl(self) -> int:
         """Bring the run's metrics.jsonl up to the records in Redis (Redis is authoritative; the
         file is appended after each step is committed there, and caught up after a restart).
+        A final validation line (`append_final_validation`) stays last: new steps replace it.
         Returns how many lines were written."""
         path = self.run_dir / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        have = 0
-        if path.exists():
-            with path.open("rb") as f:
-                have = sum(1 for line in f if line.strip())
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+        final = lines[-1] if lines and json.loads(lines[-1]).get("final") is True else None
+        have = len(lines) - (final is not None)
         missing = self.r.lrange(self.keys.metrics, have, -1)
         if missing:
+            if final is not None:  # steps after a final validation (a stage appended): the final line goes
+                path.write_text("".join(ln + "\n" for ln in lines[:-1]))
             with path.open("a") as f:
                 f.writelines(x.decode() + "\n" for x in missing)
         return len(missing)
+
+    def append_final_validation(self, version: int, figures: dict[str, dict]) -> None:
+        """The validation of the policy a finished plan ends with (version = steps recorded) as the
+        last line of metrics.jsonl — the curve's last point —, once: {"step": version,
+        "policy_version": version, "final": true, "validation": figures}. It is no step record
+        (GET .../metrics has none for it; GET .../validation has its figures)."""
+        self.sync_jsonl()
+        path = self.run_dir / "metrics.jsonl"
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+        if len(lines) != version or (lines and json.loads(lines[-1]).get("final") is True):
+            return  # already there, or the file is not at the plan's end
+        with path.open("a") as f:
+            f.write(json.dumps({"step": version, "policy_version": version, "final": True, "validation": figures}, sort_keys=True) + "\n")
 
 
 def _read_record(run_dir: Path) -> dict:

@@ -6,8 +6,12 @@ One channel per fact (the streams are described in `proto/magic/v1/messages.prot
 fact                       channel (key in `magic.protocol.keys.RunKeys`)  written by
 =========================  ===========================================  ==========================
 step k is published        `step(k)` hash: `expected`, `stage`,          controller, in the MULTI
-(what the learner needs)   `stage_config`, `published_at`;               that XADDs the prompts and
-                           `groups(k)` hash: group id -> digest          moves the barrier
+(what the learner needs)   `stage_config`, `published_at`, `checkpoint`, that XADDs the prompts and
+                           `keep_version`; `groups(k)` hash:             moves the barrier
+                           group id -> digest
+version k is checkpointed  asked: `step(k).checkpoint` (with the step,   controller
+                           or alone at the plan's end);
+                           written: `learner_state.checkpoint = k`       learner, once it is on disk
 a group is genuine         `groups(k)` (`groups("estimation")`, `groups("validation:<v>")`,  controller (same MULTI)
                            `groups("eval:<id>")`):
                            the SHA-256 of the PromptGroup it published
@@ -92,6 +96,17 @@ class StepRecord:
     stage: int  # index of the stage in the run's plan
     stage_config: StageConfig  # the stage settings the learner trains the step with
     published_at: float  # unix seconds
+    checkpoint: bool = False  # checkpoint the weights held (version k) before training step k
+    keep_version: int | None = None  # a checkpoint retention keeps whatever its age (the best validation's)
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """A checkpoint the controller asks for at step k's boundary: of policy version k, keeping
+    version `keep_version`'s (`StepStore.request_checkpoint`, `StepStore.checkpoint_request`)."""
+
+    version: int
+    keep_version: int | None
 
 
 @dataclass(frozen=True)
@@ -124,16 +139,53 @@ class StepStore:
         for g in groups:
             pipe.xadd(self.keys.prompts, codec.encode(g))
 
-    def publish_step(self, pipe: redis.client.Pipeline, k: int, stage: int, config: StageConfig, groups: list[pb.PromptGroup]) -> None:
-        """Queue on `pipe` step k's record and its groups (the caller adds the barrier move)."""
-        pipe.hset(self.keys.step(k), mapping={"expected": len(groups), "stage": stage, "stage_config": config.model_dump_json(), "published_at": time.time()})
+    def publish_step(
+        self, pipe: redis.client.Pipeline, k: int, stage: int, config: StageConfig, groups: list[pb.PromptGroup],
+        checkpoint: bool = False, keep_version: int | None = None,
+    ) -> None:
+        """Queue on `pipe` step k's record and its groups (the caller adds the barrier move);
+        `checkpoint`: the learner checkpoints version k before training the step."""
+        fields = {"expected": len(groups), "stage": stage, "stage_config": config.model_dump_json(), "published_at": time.time(), "checkpoint": int(checkpoint)}
+        if keep_version is not None:
+            fields["keep_version"] = keep_version
+        pipe.hset(self.keys.step(k), mapping=fields)
         self.publish_groups(pipe, k, groups)
 
     def record(self, k: int) -> StepRecord | None:
         raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.step(k)).items()}
         if "expected" not in raw:
             return None
-        return StepRecord(k, int(raw["expected"]), int(raw["stage"]), StageConfig.model_validate_json(raw["stage_config"]), float(raw.get("published_at") or 0.0))
+        keep = raw.get("keep_version")
+        return StepRecord(
+            k, int(raw["expected"]), int(raw["stage"]), StageConfig.model_validate_json(raw["stage_config"]), float(raw.get("published_at") or 0.0),
+            raw.get("checkpoint") == "1", int(keep) if keep is not None else None,
+        )
+
+    def request_checkpoint(self, pipe: redis.client.Pipeline, k: int, keep_version: int | None = None) -> None:
+        """Queue on `pipe` (the controller's fenced transaction) a request to the learner, idle at
+        step k with no step k to come (the plan's end), for a checkpoint of version k
+        (`learner_checkpoint` says when it is written)."""
+        fields = {"checkpoint": 1} | ({"keep_version": keep_version} if keep_version is not None else {})
+        pipe.hset(self.keys.step(k), mapping=fields)
+
+    def checkpoint_request(self, k: int) -> CheckpointRequest | None:
+        """What `request_checkpoint(k)` asked for, or None (also once step k is published: its
+        record carries its own request)."""
+        raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.step(k)).items()}
+        if raw.get("checkpoint") != "1" or "expected" in raw:
+            return None
+        keep = raw.get("keep_version")
+        return CheckpointRequest(k, int(keep) if keep is not None else None)
+
+    def checkpoint_written(self, version: int) -> None:
+        """The learner: the checkpoint of `version` is on disk."""
+        with self.writer.transaction() as tx:
+            tx.hset(self.keys.learner_state, "checkpoint", version)
+
+    def learner_checkpoint(self) -> int | None:
+        """The newest version the learner wrote a checkpoint of on request (None: none yet)."""
+        raw = self.r.hget(self.keys.learner_state, "checkpoint")
+        return int(raw) if raw is not None else None
 
     def expected(self, k: int) -> int | None:
         raw = self.r.hget(self.keys.step(k), "expected")

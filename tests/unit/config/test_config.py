@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -55,7 +57,9 @@ def test_validation_block_defaults_aliases_and_bad_input():
     assert ValidationConfig(datasets=["aime"]).context_length is None  # the stage's T
     for bad, why in [
         ({"samples": 0}, "greater than or equal to 1"),
-        ({"k": 8}, "`k` is ambiguous here: the samples per prompt are `samples` (or `n`), pass@k's k is `pass_k`"),
+        ({"k": 8}, re.escape("`k` is ambiguous here: the samples per prompt are `samples` (or `n`), pass@k's k is `pass_k`")),
+        ({"best_by": "accuracy"}, "should match pattern"),
+        ({"best_by": "math:avg_at_n"}, "best_by 'math:avg_at_n' names a dataset this validation does not evaluate"),
         ({"samples": 2, "pass_k": 3}, "pass@k needs k <= n"),
         ({"every": 0}, "greater than or equal to 1"),
         ({"datasets": []}, "at least 1"),

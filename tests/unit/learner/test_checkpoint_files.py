@@ -57,7 +57,8 @@ def checkpoint(model_dir, tmp_path_factory) -> tuple[Path, dict[str, torch.Tenso
     trainer.save_checkpoint(root, 0, keep=2)  # background: returns once the state is copied
     trainer.train_step(scored_groups(1, 4, 4, vocab, seed=2), version=1, stage=st)  # moves the live weights
     trainer.wait_for_checkpoint()
-    ckpt = latest_checkpoint(root, step=0)
+    ckpt = latest_checkpoint(root, version=1)
+    assert ckpt.name == "step-00000001"
     assert ckpt is not None
     moved = max((policy.state_dict()[k] - taken[k]).abs().max().item() for k in taken)
     assert moved > 0  # the live weights changed while the files were written
@@ -130,7 +131,7 @@ def test_the_manifest_lists_every_files_digest_and_a_change_of_any_byte_is_caugh
 
     ckpt, _ = checkpoint
     manifest = json.loads((ckpt / COMPLETE).read_text())
-    assert manifest["step"] == 0 and manifest["epoch"] == 0
+    assert manifest["step"] == 0 and manifest["policy_version"] == 1 and manifest["epoch"] == 0
     on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file() and p.name != COMPLETE}
     assert set(manifest["files"]) == on_disk and all(len(e["sha256"]) == 64 for e in manifest["files"].values())
     copy = tmp_path / "step-00000000"

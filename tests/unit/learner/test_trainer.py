@@ -61,17 +61,17 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_step(tiny_model_dir, tmp
     first = make_trainer(tiny_model_dir, 64)
     for k in range(2):
         first.train_step(batches[k], version=k, stage=st)
-        first.save_checkpoint(tmp_path, k, keep=1)  # written in the background while step k + 1 trains
+        first.save_checkpoint(tmp_path, k + 1, keep=1)  # version k + 1, written in the background while step k + 1 trains
     first.wait_for_checkpoint()
-    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]  # older ones deleted
-    ckpt = latest_checkpoint(tmp_path, step=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000002"]  # older ones deleted
+    ckpt = latest_checkpoint(tmp_path, version=2)
     assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists() and (ckpt / "optimizer.pt").exists()
 
     # a new process: the policy from the HF-format checkpoint, then optimizer and controller state
     model = modeling.load_model(ckpt, dtype=torch.float64)
     ref = modeling.load_model(tiny_model_dir, dtype=torch.float64)
     resumed = Trainer(TorchBackend(model, OPTIM, torch.device("cpu"), chunk_size=5), OPTIM, 0, 64, reference=ref, chunk_size=5)
-    assert resumed.load_checkpoint(ckpt) == 1
+    assert resumed.load_checkpoint(ckpt) == 2  # the policy version it holds
     assert resumed.controller.coef == pytest.approx(0.02) and recs[2]["entropy_coef"] == pytest.approx(0.02)
     again = resumed.train_step(batches[2], version=2, stage=st)
     for key in ("loss", "pg_loss", "entropy", "kl_old", "grad_norm", "entropy_alpha"):
@@ -241,8 +241,8 @@ def test_ema_reference_follows_the_policy(tiny_model_dir, tmp_path):
     assert torch.allclose(dict(trainer.ema_reference.named_parameters())[name], 0.9 * (0.9 * theta0 + 0.1 * theta1) + 0.1 * theta2, atol=1e-12)
     assert rec1["kl_ref"] > 0
 
-    trainer.save_checkpoint(tmp_path, 1, keep=1, background=False)
-    ckpt = latest_checkpoint(tmp_path, step=1)
+    trainer.save_checkpoint(tmp_path, 2, keep=1, background=False)
+    ckpt = latest_checkpoint(tmp_path, version=2)
     resumed = Trainer(TorchBackend(modeling.load_model(ckpt, dtype=torch.float64), OPTIM, torch.device("cpu"), chunk_size=5), OPTIM, 0, 64, chunk_size=5,
                       load_reference=trainer.load_reference)
     resumed.load_checkpoint(ckpt)

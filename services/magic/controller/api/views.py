@@ -6,6 +6,8 @@ from pydantic import BaseModel
 
 from magic.config.schema import RunSpec
 from magic.controller.api.deps import Controller, spec_or_404
+from magic.controller.validation import best
+from magic.protocol.layout import checkpoint_name
 from magic.protocol.status import Phase, RunStatus
 
 THROUGHPUT_STEPS = 10
@@ -60,6 +62,9 @@ class RunView(BaseModel):
     validation: dict | None = None
     """The latest held-out validation: {"policy_version": v, "datasets": {dataset: figures}}
     (avg_at_n, pass_at_k with its CI, response_length_mean, truncated_ratio; `magic.evaluation`)."""
+    best: dict | None = None
+    """The best validation by `validation.best_by`: {"policy_version": v, "by": best_by, "value": x,
+    "checkpoint": "step-<v>" (kept whatever its age; None when the initial model is best)}."""
     spec: RunSpec
 
 
@@ -81,6 +86,14 @@ def latest_validation(c: Controller, run_id: str) -> dict | None:
         return None
     version = max(done)
     return {"policy_version": version, "datasets": done[version]}
+
+
+def best_validation(c: Controller, run_id: str, spec: RunSpec) -> dict | None:
+    top = best(spec.validation, c.runs[run_id].validations())
+    if top is None:
+        return None
+    version, value = top
+    return {"policy_version": version, "by": spec.validation.best_by, "value": value, "checkpoint": checkpoint_name(version) if version > 0 else None}
 
 
 def throughput(records: list[dict]) -> Throughput:
@@ -121,5 +134,6 @@ def run_view(c: Controller, run_id: str) -> RunView:
         stages=run.stage_records(),
         filtering=filtering(c, run_id),
         validation=latest_validation(c, run_id),
+        best=best_validation(c, run_id, spec),
         spec=spec,
     )

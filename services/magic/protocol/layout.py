@@ -1,0 +1,14 @@
+"""Names on the shared volume that more than one component reads: the learner writes them; the
+controller's API, `magic export` and `magic eval --local` name or find them."""
+
+from __future__ import annotations
+
+
+def checkpoint_name(version: int) -> str:
+    """The directory of the checkpoint of policy version `version` (the policy after `version`
+    training steps) under DATA_DIR/runs/<run>/checkpoints/.
+
+    >>> checkpoint_name(200)
+    'step-00000200'
+    """
+    return f"step-{version:08d}"
