@@ -54,12 +54,11 @@ def checkpoint(model_dir, tmp_path_factory) -> tuple[Path, dict[str, torch.Tenso
     trainer.train_step(scored_groups(0, 4, 4, vocab, seed=1), version=0, stage=st)
     taken = {k: v.clone() for k, v in policy.state_dict().items()}
     root = tmp_path_factory.mktemp("ckpts")
-    trainer.save_checkpoint(root, 0, keep=2)  # background: returns once the state is copied
+    trainer.save_checkpoint(root, 1, keep=2)  # policy version 1 (after step 0); background: returns once the state is copied
     trainer.train_step(scored_groups(1, 4, 4, vocab, seed=2), version=1, stage=st)  # moves the live weights
     trainer.wait_for_checkpoint()
     ckpt = latest_checkpoint(root, version=1)
-    assert ckpt.name == "step-00000001"
-    assert ckpt is not None
+    assert ckpt is not None and ckpt.name == "step-00000001"
     moved = max((policy.state_dict()[k] - taken[k]).abs().max().item() for k in taken)
     assert moved > 0  # the live weights changed while the files were written
     return ckpt, taken
