@@ -58,7 +58,7 @@ def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(validated_run):
     tail = proc.stdout[proc.stdout.index("next:"):]
     assert str(out / "summary.json") in tail and str(out / "run.png") in tail and "magic local --steps" in tail
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4] and [r.get("final") for r in records] == [None] * 4 + [True]  # the final validation last
     summary = json.loads((out / "summary.json").read_text())
     assert summary["version_mismatches"] == 0 and summary["stages"] == ["stage1", "stage2"]
     assert 0 <= summary["heldout_accuracy_before"] <= 1 and 0 <= summary["heldout_accuracy_after"] <= 1
@@ -68,8 +68,11 @@ def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(validated_run):
     for v in ("0", "2", "4"):
         f = summary["validation"][v]
         assert (f["prompts"], f["samples"]) == (4, 2) and 0 <= f["avg_at_n"] <= 1
-    assert [r["step"] for r in records if "validation" in r] == [0, 2]
+    assert [r["step"] for r in records if "validation" in r] == [0, 2, 4]
     assert records[2]["validation"]["chain-sum-heldout"] == summary["validation"]["2"]
+    assert records[4]["validation"]["chain-sum-heldout"] == summary["validation"]["4"]
+    # the plan's end is checkpointed: the policy after 4 steps, found by the export hint
+    assert (out / "data" / "runs" / "local" / "checkpoints" / "step-00000004" / "COMPLETE").exists() and " export local " in tail
     png = (out / "run.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -134,7 +137,7 @@ def test_in_run_validation_leaves_the_training_figures_as_they_are(validated_run
     with_val = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     without = [json.loads(x) for x in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((tmp_path / "plain" / "summary.json").read_text())["validation"] == {}
-    assert len(with_val) == len(without) == 4
-    for a, b in zip(with_val, without):
+    assert len(with_val) == 5 and with_val[-1]["final"] and len(without) == 4
+    for a, b in zip(with_val[:4], without):
         assert {"reward_mean", "loss", "grad_norm", "entropy_coef", "response_length_mean"} <= _training_figures(a).keys() and a["response_length_mean"] > 0
         assert _training_figures(a) == _training_figures(b), a["step"]
