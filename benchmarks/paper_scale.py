@@ -284,7 +284,7 @@ def run(args) -> dict:
 
     from magic.demo.prepare import build_model
     from magic.local.redis_server import RedisServer
-from magic.runtime.ports import free_port
+    from magic.runtime.ports import free_port
     from magic.local.supervisor import Supervisor
     from magic.protocol import keys
 

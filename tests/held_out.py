@@ -35,8 +35,10 @@ def score(r, run: str, forged: str | None = None, stop_after: int | None = None)
             continue
         group = pb.ScoredGroup(rollout=pb.RolloutGroup(prompt=prompt))
         for i, c in enumerate(CORRECT[prompt.prompt_uid][: prompt.sampling.n]):
-            group.rollout.samples.add(response_ids=[1] * (3 + i), finish_reason=pb.FINISH_REASON_LENGTH if i == 3 else pb.FINISH_REASON_STOP, policy_version=prompt.policy_version)
-            group.scores.add(correctness=float(c), reward=float(c))
+            answer = prompt.ground_truth if c else ("9" if i in (1, 2) else "")  # the majority answer: right for held:3 only
+            group.rollout.samples.add(response_ids=[1] * (3 + i), finish_reason=pb.FINISH_REASON_LENGTH if i == 3 else pb.FINISH_REASON_STOP, policy_version=prompt.policy_version,
+                                      text=f"so the answer is \\boxed{{{answer}}}" if answer else "I give up")
+            group.scores.add(correctness=float(c), reward=float(c), answer=answer, verdict=pb.VERDICT_CORRECT if c else (pb.VERDICT_WRONG if answer else pb.VERDICT_NO_ANSWER))
         r.xadd(rk.estimates, codec.encode(group))
         n += 1
     if forged:

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--T", "--max-tokens", dest="max_tokens", type=int, default=None, help="response token limit T (default: the model's context window less the longest prompt, at most 4096)")
     ev.add_argument("--max-prompts", type=int, default=None, help="evaluate only the first this many prompts (default: all)")
     ev.add_argument("--seed", type=int, default=None, help="--local: sampling seed of prompt 0; prompt i gets seed + i (default: 1234; --run: the run's seeds)")
-    ev.add_argument("--out", "-o", default=None, help="write the figures (and every prompt's outcome) as JSON to this file")
+    ev.add_argument("--out", "-o", default=None, help="write the figures as JSON to this file (--local: with every prompt's outcome and answers; --run: the eval's record)")
     _add_api_arguments(ev)
 
     exp = sub.add_parser(
@@ -461,7 +461,7 @@ def _eval_local(args: argparse.Namespace) -> int:
         "seed": seed,
         "seconds": time.monotonic() - t0,
         "figures": figures,
-        "prompts": [{"uid": rec.uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated} for rec, o in zip(records, outcomes)],
+        "prompts": [{"uid": rec.uid, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated, "answers": o.answers} for rec, o in zip(records, outcomes)],
     }
     print(render_figures(figures))
     if args.out:
@@ -586,7 +586,7 @@ def render_status(view: dict) -> str:
     if view.get("optimizer_resets"):
         lines.append(
             f"optimizer state reset {view['optimizer_resets']} time(s), last at step {view['last_optimizer_reset_step']} "
-            "(the learner resumed without a checkpoint of the step before: AdamW's moments started afresh)"
+            "(the learner resumed without a checkpoint of the policy it resumed: AdamW's moments started afresh)"
         )
     last = view.get("last_metrics")
     if last:
@@ -605,11 +605,12 @@ def render_figures(figures: dict[str, dict]) -> str:
         low, high = f.get(f"{name}_ci_low"), f.get(f"{name}_ci_high")
         return "" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
 
-    rows = [f"{'dataset':20s} {'prompts':>7s} {'avg@n':>12s} {'95% CI':>15s} {'pass@k':>12s} {'95% CI':>15s} {'length':>8s} {'truncated':>9s}"]
+    rows = [f"{'dataset':20s} {'prompts':>7s} {'avg@n':>12s} {'95% CI':>15s} {'pass@k':>12s} {'95% CI':>15s} {'maj@n':>12s} {'length':>8s} {'truncated':>9s}"]
     for name, f in figures.items():
         rows.append(
             f"{name:20s} {f['prompts']:7d} {'avg@' + str(f['samples']) + ' ' + format(f['avg_at_n'], '.3f'):>12s} {ci(f, 'avg_at_n'):>15s} "
             f"{'pass@' + str(f['k']) + ' ' + format(f['pass_at_k'], '.3f'):>12s} {ci(f, 'pass_at_k'):>15s} "
+            f"{'' if f.get('maj_at_n') is None else 'maj@' + str(f['samples']) + ' ' + format(f['maj_at_n'], '.3f'):>12s} "
             f"{f['response_length_mean']:8.1f} {f['truncated_ratio']:9.3f}"
         )
     return "\n".join(rows)

@@ -11,6 +11,13 @@ correct or not, and the figures below summarise one dataset at one policy versio
   pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i),
   the unbiased estimate of the chance that at least one of k samples is correct; averaged over
   prompts.
+- maj@n (self-consistency, Wang et al. 2023; the papers' maj@k with k samples): per prompt, the
+  answer most of its n samples give (the verifier's extracted answer, whitespace and `$` aside;
+  every correct answer is the gold in some form, so they all count as one) is taken as the
+  prompt's answer; correct if that answer is. Ties are broken uniformly at random, in expectation;
+  samples without an answer do not vote, and a prompt none of whose samples answers scores 0.
+  Averaged over prompts. Math only: the reward service reports no answer for code, and a dataset
+  with correct samples but no answer at all has no maj@n (None).
 - The confidence interval of pass@k (and avg@n) is a Wilson score interval over the m prompts
   (`wilson_ci`): how much the figure would move with another draw of prompts from the same
   distribution — the uncertainty that dominates with small held-out sets like AIME's 30 problems.
@@ -43,13 +50,48 @@ class PromptOutcome:
     correct: tuple[bool, ...]  # one per sample
     lengths: tuple[int, ...]  # response tokens, one per sample
     truncated: tuple[bool, ...]  # finish reason `length` (cut at T), one per sample
+    answers: tuple[str, ...] = ()  # the verifier's extracted answer per sample ("" none); () unknown: no maj@n
 
     @classmethod
-    def of(cls, correctness: Sequence[float], lengths: Sequence[int], truncated: Sequence[bool]) -> "PromptOutcome":
+    def of(cls, correctness: Sequence[float], lengths: Sequence[int], truncated: Sequence[bool], answers: Sequence[str] = ()) -> "PromptOutcome":
         """From the verifier's correctness per sample (`pb.Score.correctness`, 1.0 when the answer
         is right): the one rule, shared by in-run validation and local evaluation, of what counts
         as a correct sample."""
-        return cls(tuple(c >= 1.0 for c in correctness), tuple(int(n) for n in lengths), tuple(bool(t) for t in truncated))
+        return cls(tuple(c >= 1.0 for c in correctness), tuple(int(n) for n in lengths), tuple(bool(t) for t in truncated), tuple(str(a) for a in answers))
+
+
+RIGHT = "\x00right"
+"""The vote of every correct sample (no extracted answer has a NUL byte)."""
+
+
+def vote_key(answer: str) -> str:
+    """The form answers are counted in for maj@n: whitespace and `$` removed, a final full stop dropped.
+
+    >>> vote_key(" $1/2$. "), vote_key("x = 3")
+    ('1/2', 'x=3')
+    """
+    return "".join(answer.split()).replace("$", "").rstrip(".")
+
+
+def maj_at_n(correct: Sequence[bool], answers: Sequence[str]) -> float:
+    """maj@n of one prompt: whether its majority answer is correct (in expectation over ties).
+
+    >>> maj_at_n([True, False, False, True, False], ["4", "5", "5", "4", "6"])  # 4 and 5 tie: one of two is right
+    0.5
+    >>> maj_at_n([False, True, True], ["3", "4", "4"]), maj_at_n([False, False], ["", ""])
+    (1.0, 0.0)
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"maj@n needs one answer per sample (got {len(answers)} answers for {len(correct)} samples)")
+    votes: dict[str, int] = {}
+    for ok, answer in zip(correct, answers):
+        if key := (RIGHT if ok else vote_key(answer)):  # the gold in any form is one answer
+            votes[key] = votes.get(key, 0) + 1
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    tied = [key for key, count in votes.items() if count == top]
+    return tied.count(RIGHT) / len(tied)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -128,9 +170,19 @@ class Figures:
     pass_at_k_ci_high: float
     response_length_mean: float  # tokens, over all samples
     truncated_ratio: float  # share of samples cut at T
+    maj_at_n: float | None = None  # majority vote over the n samples, mean over prompts (None: answers unknown)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _answers_known(outcomes: Sequence[PromptOutcome]) -> bool:
+    """Whether the verifier's answers came with the outcomes: every prompt has them, and a dataset
+    with a correct sample has an answer somewhere (no answer at all: code, or a reward service
+    that reports none)."""
+    if not all(o.answers for o in outcomes):
+        return False
+    return any(a for o in outcomes for a in o.answers) or not any(any(o.correct) for o in outcomes)
 
 
 def summarise(outcomes: Sequence[PromptOutcome], k: int | None = None, z: float = Z95) -> Figures:
@@ -161,4 +213,5 @@ def summarise(outcomes: Sequence[PromptOutcome], k: int | None = None, z: float 
         pass_at_k_ci_high=pk_hi,
         response_length_mean=sum(sum(o.lengths) for o in outcomes) / total,
         truncated_ratio=sum(sum(o.truncated) for o in outcomes) / total,
+        maj_at_n=sum(maj_at_n(o.correct, o.answers) for o in outcomes) / len(outcomes) if _answers_known(outcomes) else None,
     )

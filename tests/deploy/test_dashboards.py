@@ -118,7 +118,7 @@ def test_training_dashboard_covers_the_recipe():
         "magic_response_clip_ratio", "magic_pg_clipfrac", "magic_accuracy", "magic_reward_mean",
         "magic_response_length_tokens", "magic_kl", "magic_stage", "magic_context_length", "magic_step_seconds",
         "magic_policy_version", "magic_zero_adv_group_ratio",
-        "magic_validation_avg_at_n", "magic_validation_pass_at_k", "magic_validation_pass_at_k_ci",  # held-out accuracy per dataset
+        "magic_validation_avg_at_n", "magic_validation_maj_at_n", "magic_validation_pass_at_k", "magic_validation_pass_at_k_ci",  # held-out accuracy per dataset
         "magic_validation_response_length_tokens", "magic_validation_truncated_ratio", "magic_validation_policy_version",
     }
     assert expected <= queried("training"), expected - queried("training")

@@ -73,6 +73,14 @@ def test_magic_local_runs_two_stages_and_writes_metrics_and_plot(validated_run):
     assert records[4]["validation"]["chain-sum-heldout"] == summary["validation"]["4"]
     # the plan's end is checkpointed: the policy after 4 steps, found by the export hint
     assert (out / "data" / "runs" / "local" / "checkpoints" / "step-00000004" / "COMPLETE").exists() and " export local " in tail
+    # each validation's generations (the first prompts' samples), the best one named and its checkpoint kept
+    generations = out / "data" / "runs" / "local" / "generations"
+    assert sorted(p.name for p in generations.iterdir()) == ["step-00000000.jsonl", "step-00000002.jsonl", "step-00000004.jsonl"]
+    rows = [json.loads(x) for x in (generations / "step-00000004.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 2 and all(r["response"] and r["policy_version"] == 4 for r in rows) and f"head -n 2 {generations / 'step-00000004.jsonl'}" in tail
+    best = summary["best"]
+    assert best["by"] == "avg_at_n" and best["value"] == max(summary["validation"][v]["avg_at_n"] for v in ("0", "2", "4"))
+    assert best["checkpoint"] is None or (out / "data" / "runs" / "local" / "checkpoints" / best["checkpoint"] / "COMPLETE").exists()
     png = (out / "run.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

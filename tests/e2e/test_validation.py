@@ -7,6 +7,7 @@ and its figures must equal the recomputation from its scored samples too."""
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
@@ -38,7 +39,14 @@ def recompute(groups: list[pb.ScoredGroup], k: int) -> dict:
     n = len(groups[0].scores)
     correct = [sum(s.correctness >= 1.0 for s in g.scores) for g in groups]
     samples = [s for g in groups for s in g.rollout.samples]
+    majority = []
+    for g in groups:  # the most frequent extracted answer (every right one the same), ties shared; no answer, no vote
+        counts = collections.Counter(True if s.correctness >= 1.0 else "".join(s.answer.split()).replace("$", "").rstrip(".") for s in g.scores)
+        counts.pop("", None)
+        top = [a for a, c in counts.items() if c == max(counts.values())] if counts else []
+        majority.append(top.count(True) / len(top) if top else 0.0)
     return {
+        "maj_at_n": sum(majority) / len(groups),
         "prompts": len(groups),
         "samples": n,
         "avg_at_n": sum(c / n for c in correct) / len(groups),

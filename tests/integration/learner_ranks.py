@@ -34,7 +34,7 @@ def main(model_dir: str, out: str, zero_stage: int, precision: str = "fp32", che
     trainer = Trainer(backend, optim, 0, 28, load_reference=lambda: modeling.load_model(model_dir).requires_grad_(False), chunk_size=5)
     vocab = modeling.load_model_config(model_dir).vocab_size
     records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in range(2)]
-    ckpt = trainer.save_checkpoint(Path(out).parent / f"ckpt-{world}-{zero_stage}-{precision}", 1, keep=1)
+    ckpt = trainer.save_checkpoint(Path(out).parent / f"ckpt-{world}-{zero_stage}-{precision}", 2, keep=1)  # the policy after steps 0 and 1
     state = backend.full_state_dict()
     if rank == 0:
         dtypes = sorted({str(p.dtype) for p in backend.policy.parameters()})

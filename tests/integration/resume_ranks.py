@@ -39,7 +39,7 @@ def main(model_dir: str, ckpt: str, out: str, backend: str, zero_stage: int, ste
     vocab = modeling.load_model_config(model_dir).vocab_size
     records = [trainer.train_step(scored_groups(k, 4, 4, vocab, seed=3), version=k, stage=stage()) for k in map(int, steps.split(","))]
     if save_root:
-        trainer.save_checkpoint(Path(save_root), int(steps.split(",")[-1]), keep=1, background=False)
+        trainer.save_checkpoint(Path(save_root), int(steps.split(",")[-1]) + 1, keep=1, background=False)  # the policy after the last step
     if settings.rank == 0:
         Path(out).write_text(json.dumps({"records": records}))
     if backend == "deepspeed":

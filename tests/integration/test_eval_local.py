@@ -4,6 +4,7 @@ the same requests reach the engine and the same accuracy, truncation and length 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import shutil
@@ -121,7 +122,8 @@ def test_magic_eval_local_writes_figures_that_match_a_recomputation(tiny_model_d
             assert row["uid"] == rec.uid
             assert row["lengths"] == [len(s.token_ids) for s in group]
             assert row["truncated"] == [s.finish_reason == pb.FINISH_REASON_LENGTH for s in group]
-            assert row["correct"] == [s.correctness == 1.0 for s in scorer.score_many([Sample(rec.data_source, x.text, rec.ground_truth, rec.messages[-1][1]) for x in group])]
+            scores = scorer.score_many([Sample(rec.data_source, x.text, rec.ground_truth, rec.messages[-1][1]) for x in group])
+            assert row["correct"] == [s.correctness == 1.0 for s in scores] and row["answers"] == [s.answer for s in scores]
     # the figures, recomputed from those outcomes with the binomial form of Chen et al.
     c = [sum(row["correct"]) for row in report["prompts"]]
     samples = [(n, t) for row in report["prompts"] for n, t in zip(row["lengths"], row["truncated"])]
@@ -130,6 +132,16 @@ def test_magic_eval_local_writes_figures_that_match_a_recomputation(tiny_model_d
     assert f["response_length_mean"] == pytest.approx(sum(n for n, _ in samples) / len(samples))
     assert f["truncated_ratio"] == pytest.approx(sum(t for _, t in samples) / len(samples)) and 0 < f["truncated_ratio"] < 1
     assert f["pass_at_k_ci_low"] <= f["pass_at_k"] <= f["pass_at_k_ci_high"]
+    majority = []  # maj@4: the most frequent answer (ties shared, no answer no vote), from the rows
+    for row in report["prompts"]:
+        votes = collections.Counter(True if ok else a.replace(" ", "") for a, ok in zip(row["answers"], row["correct"]))
+        votes.pop("", None)
+        top = [a for a, n in votes.items() if n == max(votes.values())] if votes else []
+        majority.append(top.count(True) / len(top) if top else 0.0)
+    if any(a for row in report["prompts"] for a in row["answers"]) or not any(c for row in report["prompts"] for c in row["correct"]):
+        assert f["maj_at_n"] == pytest.approx(sum(majority) / len(majority)) and "maj@4" in table
+    else:
+        assert f["maj_at_n"] is None
 
 
 def test_magic_eval_local_refuses_what_it_cannot_use_before_any_work(tiny_model_dir, held_out, tmp_path, capsys):

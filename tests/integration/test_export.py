@@ -50,9 +50,9 @@ def data_dir(tmp_path_factory) -> Path:
     trainer = Trainer(TorchBackend(policy, OPTIM, torch.device("cpu")), OPTIM, pad_id=0, micro_batch_tokens=256, assets_from=str(model_dir))
     data = tmp_path_factory.mktemp("data")
     root = checkpoint_root(data, RUN)
-    for step in (2, 3):
-        trainer.train_step(scored_groups(step, 4, 4, vocab, seed=step), version=step, stage=stage(beta=0.0))
-        trainer.save_checkpoint(root, step, keep=5)
+    for version in (2, 3):  # the policies after steps 1 and 2: versions 2 and 3
+        trainer.train_step(scored_groups(version - 1, 4, 4, vocab, seed=version), version=version - 1, stage=stage(beta=0.0))
+        trainer.save_checkpoint(root, version, keep=5)
         trainer.wait_for_checkpoint()
     return data
 

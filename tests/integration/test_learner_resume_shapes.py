@@ -21,10 +21,10 @@ KEYS = learner_batches.RECORD_KEYS
 
 @pytest.fixture(scope="module")
 def two_rank_checkpoint(tiny_model_dir, tmp_path_factory) -> Path:
-    """Steps 0 and 1 trained on 2 ranks (ZeRO-2), checkpoint of step 1."""
+    """Steps 0 and 1 trained on 2 ranks (ZeRO-2), the checkpoint of the policy after them (version 2)."""
     out = tmp_path_factory.mktemp("resume") / "first.pt"
     run_ranks(HERE / "learner_ranks.py", 2, str(tiny_model_dir), str(out), "2")
-    return out.parent / "ckpt-2-2-fp32" / "step-00000001"
+    return out.parent / "ckpt-2-2-fp32" / "step-00000002"
 
 
 def records(path: Path) -> list[dict]:
@@ -37,11 +37,11 @@ def test_resume_2_to_1_to_4_ranks_gives_the_same_next_steps(tiny_model_dir, two_
     stay = records(tmp_path / "stay.json")
 
     run_ranks(HERE / "resume_ranks.py", 1, model, str(two_rank_checkpoint), str(tmp_path / "one.json"), "deepspeed", "2", "2", str(tmp_path / "one-ckpts"))
-    one_ckpt = tmp_path / "one-ckpts" / "step-00000002"
+    one_ckpt = tmp_path / "one-ckpts" / "step-00000003"
     assert json.loads((one_ckpt / "trainer_state.json").read_text())["shape"] == {"backend": "deepspeed", "world_size": 1, "zero_stage": 2, "precision": "fp32"}
     assert (two_rank_checkpoint.parent.parent / "universal" / two_rank_checkpoint.name / "UNIVERSAL_COMPLETE").is_file()
     run_ranks(HERE / "resume_ranks.py", 4, model, str(one_ckpt), str(tmp_path / "four.json"), "deepspeed", "3", "3", str(tmp_path / "four-ckpts"))
-    four_ckpt = tmp_path / "four-ckpts" / "step-00000003"
+    four_ckpt = tmp_path / "four-ckpts" / "step-00000004"
     run_ranks(HERE / "resume_ranks.py", 2, model, str(four_ckpt), str(tmp_path / "back.json"), "deepspeed", "2", "4")
     chain = records(tmp_path / "one.json") + records(tmp_path / "four.json") + records(tmp_path / "back.json")
     assert len(chain) == 3

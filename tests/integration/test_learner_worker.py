@@ -87,8 +87,9 @@ def test_checkpoints_the_controller_asks_for_hold_the_version_they_name_and_the_
         worker.poll()
         if worker.step > 1:
             break
-    assert worker.step == 2 and steps.learner_checkpoint() == 1
-    assert [p.name for p in root.iterdir()] == ["step-00000001"] and read_trainer_state(root / "step-00000001")["policy_version"] == 1
+    worker.trainer.wait_for_checkpoint()  # written in the background while step 1 trained
+    assert worker.step == 2 and steps.learner_checkpoint() is None  # only the plan's end is acknowledged
+    assert [p.name for p in root.glob("step-*")] == ["step-00000001"] and read_trainer_state(root / "step-00000001")["policy_version"] == 1
     saved = modeling.load_model(root / "step-00000001", dtype=next(iter(after_one.values())).dtype).state_dict()
     assert set(after_one) <= set(saved) and all(torch.equal(saved[k], v) for k, v in after_one.items())  # the weights before step 1, not after
 
@@ -97,7 +98,8 @@ def test_checkpoints_the_controller_asks_for_hold_the_version_they_name_and_the_
         worker.poll()
         if worker.step > 2:
             break
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000001", "step-00000002"]  # keep 1, and the best (v1)
+    worker.trainer.wait_for_checkpoint()
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-00000001", "step-00000002"]  # keep 1, and the best (v1)
 
     pipe = r.pipeline(transaction=True)  # the plan ends after 3 steps: a request alone
     steps.request_checkpoint(pipe, 3, keep_version=1)
@@ -106,7 +108,7 @@ def test_checkpoints_the_controller_asks_for_hold_the_version_they_name_and_the_
     worker.poll()
     worker.close()
     assert steps.learner_checkpoint() == 3
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000001", "step-00000003"]  # v2 went: not the newest, not the best
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-00000001", "step-00000003"]  # v2 went: not the newest, not the best
 
 
 def test_a_stage_that_does_not_fit_is_refused_before_anything_loads(r, tmp_path, tiny_model_dir, monkeypatch):

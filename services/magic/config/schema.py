@@ -347,7 +347,7 @@ class EstimationConfig(BaseModel):
 class EvalConfig(BaseModel):
     """What one held-out evaluation of a policy samples and reports: each prompt of the datasets
     `samples` times through the rollout and reward services (never reaching the learner); per
-    dataset avg@n, pass@k with a 95% confidence interval, mean response length and truncated
+    dataset avg@n, pass@k with a 95% confidence interval, maj@n, mean response length and truncated
     share (`magic.evaluation`). The body of POST /v1/runs/{run}/evals; in-run validation adds
     `every` (`ValidationConfig`)."""
 
@@ -394,6 +394,10 @@ class EvalConfig(BaseModel):
         return self.pass_k or self.samples
 
 
+MAX_DUMPED_SAMPLES = 100_000
+"""The most samples one validation writes to its generations file (`dump_prompts`)."""
+
+
 class ValidationConfig(EvalConfig):
     """Held-out validation during the run (verl's `test_freq`, Skywork-OR1's avg@k curves): every
     `every` steps — and before the first — the controller evaluates the current policy version as
@@ -405,9 +409,14 @@ class ValidationConfig(EvalConfig):
     before_training: bool = True
     """Validate the initial model before the first step (verl's `val_before_train`); false: the
     first point of the curve is step `every`'s."""
-    best_by: str | None = Field(default=None, pattern=r"^([a-z0-9][a-z0-9._-]*:)?(avg_at_n|pass_at_k)$")
+    dump_prompts: int = Field(default=0, ge=0, le=10_000)
+    """Write every sample of the first this many prompts of each dataset — prompt, response,
+    extracted answer, verdict, tokens, truncated — to DATA_DIR/runs/<run>/generations/step-<K>.jsonl
+    for each validation of version K (verl's `validation_data_dir`; responses cut at 64k
+    characters); 0: none."""
+    best_by: str | None = Field(default=None, pattern=r"^([a-z0-9][a-z0-9._-]*:)?(avg_at_n|pass_at_k|maj_at_n)$")
     """Keep the checkpoint of the best validation so far (OpenRLHF's / TRL's
-    `metric_for_best_model`): `avg_at_n` or `pass_at_k` of the first dataset, or `DATASET:FIGURE`;
+    `metric_for_best_model`): `avg_at_n`, `pass_at_k` or `maj_at_n` of the first dataset, or `DATASET:FIGURE`;
     higher is better. Each new best is checkpointed and kept whatever `keep_checkpoints` says;
     GET /v1/runs/{run} names it (`best`). None: no best is kept."""
 
@@ -415,6 +424,8 @@ class ValidationConfig(EvalConfig):
     def _best_names_a_dataset(self) -> "ValidationConfig":
         if self.best_by and ":" in self.best_by and self.best_by.split(":")[0] not in self.datasets:
             raise ValueError(f"best_by {self.best_by!r} names a dataset this validation does not evaluate ({', '.join(self.datasets)})")
+        if (rows := self.dump_prompts * self.samples * len(self.datasets)) > MAX_DUMPED_SAMPLES:
+            raise ValueError(f"dump_prompts x samples x datasets = {rows} samples a validation would write; at most {MAX_DUMPED_SAMPLES}")
         return self
 
     def best_figure(self, figures: dict[str, dict]) -> float | None:

@@ -228,7 +228,10 @@ class StepDriver(threading.Thread):
                 if stage is None:
                     if self._spec().on_plan_end == "finish":
                         self._finish_plan(k)
-                        return True
+                        self._checkpoint_plan_end(k)
+                        if self.plan.stage_for(self._spec(), k, pool) is None:  # no stage appended meanwhile
+                            return True
+                        continue
                     self._wait_for_stage()
                     continue
                 m.STAGE.set(stage.index)
@@ -342,7 +345,6 @@ class StepDriver(threading.Thread):
             except EvaluationTimeout as exc:
                 log.error("run %s: the final validation (version %d) failed: %s", self.run_id, k, exc)
         self._serve_evals(k, max(last, 0), spec.stages[-1].context_length if spec.stages else None)
-        self._checkpoint_plan_end(k)
 
     # -- checkpoints the plan asks for ------------------------------------------------------------
 
@@ -374,7 +376,9 @@ class StepDriver(threading.Thread):
         deadline = time.monotonic() + self.settings.step_timeout_seconds
         while (self.steps.learner_checkpoint() or -1) < k:
             if time.monotonic() > deadline:
-                log.error("run %s: the learner did not write the checkpoint of the final policy (version %d) within %.0fs", self.run_id, k, self.settings.step_timeout_seconds)
+                why = f"the learner did not write the checkpoint of the final policy (version {k}) within {self.settings.step_timeout_seconds:.0f}s: see its log"
+                log.error("run %s: %s", self.run_id, why)
+                self.store.update(error=why)  # the run finishes (it trained), saying what it lacks
                 return
             self._check_control()
             self._check_events(block_ms=200)

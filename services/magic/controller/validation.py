@@ -16,7 +16,9 @@ Two callers, two scopes (`Scope`: where the groups' digests and the outcomes are
 - step validation (`run`): before step k when k % `validation.every` == 0, and once more for the
   final policy when the plan finishes; group ids `val:<version>:<dataset>:<index>`; the figures
   are stored under version k, exported as the magic_validation_* series and merged into step k's
-  record (`metrics.jsonl`);
+  record (`metrics.jsonl`); the samples of the first `dump_prompts` prompts of each dataset are
+  appended as they come to a partial file on the data volume (never to Redis), which becomes
+  `generations/step-<k>.jsonl` (a replay's copies dropped, in prompt order) once all are in;
 - requested evaluations (`run_eval`, POST /v1/runs/{run}/evals): served by the driver at the
   next step boundary, or at once while the run is paused or waits for a stage, on the version the
   rollout workers serve then; group ids `eval:<id>:<dataset>:<index>`; the figures go into the
@@ -40,6 +42,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from magic.config.schema import EvalConfig, RunSpec, ValidationConfig
 from magic.controller.datasets import DatasetError, DatasetRegistry, PromptRecord, group_seed, prompt_group
@@ -47,7 +50,9 @@ from magic.controller.errors import RunFailed
 from magic.controller.settings import ControllerSettings
 from magic.evaluation import PromptOutcome, summarise
 from magic.observability import metrics as m
+from magic.protocol.layout import checkpoint_name
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.files import write_durably
 from magic.store.runs import RunStore
 from magic.store.steps import StepStore, eval_scope, validation_scope
 from magic.store.streams import ConsumerGroup, Entry
@@ -56,6 +61,8 @@ log = logging.getLogger(__name__)
 
 EVAL_OPEN = ("pending", "running")
 """Statuses of a requested evaluation the driver has still to serve."""
+DUMP_RESPONSE_CHARS = 65_536
+"""A response written to a generations file is cut at this many characters."""
 
 
 class EvaluationTimeout(RunFailed):
@@ -85,8 +92,59 @@ def outcome_of(group: pb.ScoredGroup) -> PromptOutcome:
     """The outcome of one scored prompt group: per sample correct, response tokens, truncated at T."""
     samples = group.rollout.samples
     return PromptOutcome.of(
-        [s.correctness for s in group.scores], [len(s.response_ids) for s in samples], [s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples]
+        [s.correctness for s in group.scores], [len(s.response_ids) for s in samples], [s.finish_reason == pb.FINISH_REASON_LENGTH for s in samples],
+        [s.answer for s in group.scores],
     )
+
+
+def generations_of(group: pb.ScoredGroup) -> list[dict]:
+    """One JSON row per sample of a scored held-out group: what a reader of the generations
+    file needs beside the figures."""
+    prompt = group.rollout.prompt
+    question = next((m.content for m in reversed(prompt.messages) if m.role == "user"), "")
+    return [
+        {
+            "uid": prompt.prompt_uid, "data_source": prompt.data_source, "sample": i, "prompt": question, "ground_truth": prompt.ground_truth,
+            "response": s.text[:DUMP_RESPONSE_CHARS], "answer": score.answer, "verdict": pb.Verdict.Name(score.verdict).removeprefix("VERDICT_").lower(),
+            "correct": score.correctness >= 1.0, "tokens": len(s.response_ids), "truncated": s.finish_reason == pb.FINISH_REASON_LENGTH,
+            "policy_version": int(s.policy_version),
+        }
+        for i, (s, score) in enumerate(zip(group.rollout.samples, group.scores))
+    ]
+
+
+def generations_path(run_dir: Path, version: int, partial: bool = False) -> Path:
+    """The generations file of the validation of `version` (`partial`: the one rows are appended
+    to while its groups come in)."""
+    name = f"{checkpoint_name(version)}.jsonl"
+    return run_dir / "generations" / (f".{name}.partial" if partial else name)
+
+
+def append_generations(path: Path, group_id: str, dataset: str, rows: list[dict]) -> None:
+    """Append one scored group's rows to the partial file `path` (a replayed group: again; a line
+    cut by a crash: skipped when the file is finished)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"group_id": group_id, "dataset": dataset, **row}, ensure_ascii=False) + "\n" for row in rows))
+
+
+def finish_generations(partial: Path, final: Path) -> int:
+    """Turn the partial file into the generations file: each (group, sample) once, in prompt order
+    (the group ids' index), written atomically; returns the rows written (none: no file)."""
+    if not partial.exists():
+        return len(final.read_text().splitlines()) if final.exists() else 0
+    rows: dict[tuple[int, int], dict] = {}
+    for line in partial.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            key = (int(row["group_id"].rsplit(":", 1)[-1]), int(row["sample"]))
+        except (ValueError, KeyError, AttributeError):
+            continue  # a line a crash cut short: its group's replay wrote it whole
+        rows.setdefault(key, row)
+    text = "".join(json.dumps({k: v for k, v in row.items() if k != "group_id"}, ensure_ascii=False) + "\n" for _, row in sorted(rows.items()))
+    write_durably(final, text)
+    partial.unlink()
+    return len(rows)
 
 
 def figures_by_dataset(outcomes: dict[str, list[PromptOutcome]], k: int, sources: dict[str, list[str]] | None = None) -> dict[str, dict]:
@@ -137,6 +195,8 @@ def export(figures: dict[str, dict], version: int) -> None:
     for name, f in figures.items():
         m.VALIDATION_AVG.labels(dataset=name).set(f["avg_at_n"])
         m.VALIDATION_PASS.labels(dataset=name).set(f["pass_at_k"])
+        if f.get("maj_at_n") is not None:
+            m.VALIDATION_MAJ.labels(dataset=name).set(f["maj_at_n"])
         m.VALIDATION_PASS_CI.labels(dataset=name, bound="low").set(f["pass_at_k_ci_low"])
         m.VALIDATION_PASS_CI.labels(dataset=name, bound="high").set(f["pass_at_k_ci_high"])
         m.VALIDATION_LENGTH.labels(dataset=name).set(f["response_length_mean"])
@@ -206,7 +266,7 @@ class Validation:
         sources: dict[str, list[str]] = {name: [] for name in cfg.datasets}
         for raw in received.values():
             o = json.loads(raw)
-            outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"])))
+            outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"]), tuple(o.get("answers", ()))))
             sources[o["dataset"]].append(o.get("data_source", ""))
         figures = figures_by_dataset(outcomes, cfg.k, sources)
         for f in figures.values():
@@ -218,6 +278,18 @@ class Validation:
             "; ".join(f"{n} avg@{f['samples']} {f['avg_at_n']:.3f} pass@{f['k']} {f['pass_at_k']:.3f}" for n, f in figures.items()),
         )
         return figures
+
+    def _dumped(self) -> dict[str, int]:
+        """{dataset: the global group index up to which its prompts' samples are dumped}: the first
+        `dump_prompts` prompts of each dataset of the run's validation ({} without dumps)."""
+        spec = self.store.spec()
+        cfg = spec.validation if spec is not None else None
+        if cfg is None or not cfg.dump_prompts:
+            return {}
+        first: dict[str, int] = {}
+        for i, (_, name, _) in enumerate(self.prompts(cfg)):
+            first.setdefault(name, i)
+        return {name: start + cfg.dump_prompts for name, start in first.items()}
 
     def restore_series(self) -> None:
         """Set the magic_validation_* series from the newest stored validation (a controller that
@@ -234,7 +306,12 @@ class Validation:
         assert cfg is not None
         if (done := self.store.validation(version)) is not None:
             return done
-        figures = self.evaluate(Scope.validation(version), cfg, spec.seed, stage_index, cfg.context_length or context_length, tick)
+        scope = Scope.validation(version)
+        figures = self.evaluate(scope, cfg, spec.seed, stage_index, cfg.context_length or context_length, tick)
+        if cfg.dump_prompts:  # before `finish_validation`: a controller restarted meanwhile finishes the same file
+            path = generations_path(self.store.run_dir, version)
+            rows = finish_generations(generations_path(self.store.run_dir, version, partial=True), path)
+            log.info("run %s: %d generations of policy version %d written to %s", self.run_id, rows, version, path)
         self.store.finish_validation(version, figures)
         export(figures, version)
         return figures
@@ -266,6 +343,7 @@ class Validation:
         acknowledge them; a group the controller did not publish is dead-lettered, a group of a
         finished evaluation (a replay) only acknowledged."""
         by_scope: dict[str, dict[str, str]] = {}
+        dump: dict[str, int] | None = None  # dataset -> global index of its first prompt past the dumped ones; read once per batch
         for entry, group in batch:
             prompt = group.rollout.prompt
             kind, ident, dataset = (prompt.group_id.split(":") + ["", ""])[:3]
@@ -282,8 +360,14 @@ class Validation:
                 if self.store.validation(int(prompt.policy_version)) is not None:
                     continue  # a replay of a finished validation
             o = outcome_of(group)
+            if kind == "val":
+                if dump is None:
+                    dump = self._dumped()
+                if int(prompt.group_id.rsplit(":", 1)[-1]) < dump.get(dataset, 0):
+                    partial = generations_path(self.store.run_dir, int(prompt.policy_version), partial=True)
+                    append_generations(partial, prompt.group_id, dataset, generations_of(group))  # before the outcome: a replay writes it again
             by_scope.setdefault(scope, {})[prompt.group_id] = json.dumps(
-                {"dataset": dataset, "uid": prompt.prompt_uid, "data_source": prompt.data_source, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated}
+                {"dataset": dataset, "uid": prompt.prompt_uid, "data_source": prompt.data_source, "correct": o.correct, "lengths": o.lengths, "truncated": o.truncated, "answers": o.answers}
             )
         for scope, outcomes in by_scope.items():
             self.store.record_evaluation_outcomes(scope, outcomes)

@@ -248,10 +248,12 @@ def _epoch(directory: Path) -> int | None:
 def checkpoint_versions(root: Path) -> dict[int, Path]:
     """{policy version: directory} of the complete checkpoints under `root` (not verified: one
     whose trainer state is unreadable is listed under its name's number, for `verify` to refuse)."""
-    found = {}
-    for marker in root.glob(f"step-*/{COMPLETE}"):
+    found: dict[int, Path] = {}
+    for marker in sorted(root.glob(f"step-*/{COMPLETE}")):
         try:
-            found[version_of(marker.parent)] = marker.parent
+            version = version_of(marker.parent)
+            if version not in found or found[version].name != checkpoint_name(version):
+                found[version] = marker.parent  # a checkpoint named by its version wins over an older one holding it
         except (OSError, ValueError, KeyError, TypeError):
             try:
                 found.setdefault(int(marker.parent.name.removeprefix("step-")), marker.parent)

@@ -45,8 +45,10 @@ class LearnerSettings(ServiceSettings):
     last is in (`magic.learner.streaming`: the same update as waiting for the whole batch); false,
     or a step that cannot stream (N_SGD > 1, DeepSpeed), trains the whole batch at once."""
     checkpoint_every: int = Field(default=20, ge=0)
-    """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) every
-    this many steps; 0 disables them. The weights themselves reach the volume every step through
+    """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) of
+    every policy version that is a multiple of this; 0: none of these (the checkpoints a run asks
+    for — each stage's end, `checkpoint_at_end`, and the best validation, `validation.best_by` —
+    are written all the same). The weights themselves reach the volume every step through
     the weight transport; a learner restarted between checkpoints resumes from those published
     weights with a fresh optimizer. At 7B a checkpoint is ≈ 85 GB (fp32 weights + AdamW moments),
     so every step would write more than the whole step's rollouts (docs/scale.md)."""

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "learner"
 GROUP = keys.LEARNER_GROUP
+CHECKPOINT_RETRY_SECONDS = 60.0
+"""A checkpoint the controller asked for whose write failed is tried again this much later."""
 
 
 class MemoryPlanError(RuntimeError):
@@ -205,6 +207,7 @@ class LearnerWorker(Worker):
         )
         self._record: StepRecord | None = None  # the record of step `self.step`, once published
         self._checkpointed = -1  # the step at whose boundary the checkpoint the controller asked for was written
+        self._checkpoint_retry_at = 0.0  # monotonic time before which a failed requested checkpoint is not tried again
         announced = self._finish_cut_commit()
         progress = self.steps.learner_progress()
         self.step = progress.last_step + 1  # the next step to train
@@ -303,7 +306,7 @@ class LearnerWorker(Worker):
         this learner still holds its lease and Redis lost nothing."""
 
         def fence() -> None:
-            faults.point(self.armed, "learner.checkpoint_ready", k)
+            faults.point(self.armed, "learner.checkpoint_ready", k - 1)  # numbered by the step it follows, as the other points
             self.lease.ensure_held()
 
         return fence
@@ -341,7 +344,7 @@ class LearnerWorker(Worker):
             self._stream_arrivals(record)
             if self.ledger.is_complete(self.step, record.expected):
                 self.train_and_publish(record)
-        elif self._checkpointed != self.step and (request := self.steps.checkpoint_request(self.step)) is not None:
+        elif self._checkpointed != self.step and time.monotonic() >= self._checkpoint_retry_at and (request := self.steps.checkpoint_request(self.step)) is not None:
             self.checkpoint_on_request(request)  # the plan's end: no step to come
 
     def checkpoint(self, version: int, protect: int | None) -> None:
@@ -352,19 +355,24 @@ class LearnerWorker(Worker):
         self.trainer.save_checkpoint(self.ckpt_root, version, keep, fence=self._checkpoint_fence(version), epoch=self.lease.epoch or 0, protect=protect)
 
     def checkpoint_on_request(self, request: CheckpointRequest) -> None:
-        """The controller's request: the checkpoint of `request.version` (held now) on disk — kept if
-        an intact one is there already —, then said so (`StepStore.checkpoint_written`)."""
+        """The controller's request at the plan's end, the learner idle: the checkpoint of
+        `request.version` (held now) on disk — kept if an intact one is there already —, then said
+        so (`StepStore.checkpoint_written`); a write that failed is tried again a minute later."""
         assert request.version == self.version, (request, self.version)
         self.trainer.wait_for_checkpoint()  # one written in the background may be this one
-        existing = checkpoints.step_dir(self.ckpt_root, request.version)
-        if not (existing.is_dir() and checkpoints.problem(existing) is None):
+        final = checkpoints.step_dir(self.ckpt_root, request.version)
+        if not (final.is_dir() and checkpoints.problem(final) is None):
             t0 = time.perf_counter()
             self.checkpoint(request.version, request.keep_version)
             self.trainer.wait_for_checkpoint()
             log.info("checkpoint of v%d written on request in %.1fs", request.version, time.perf_counter() - t0)
-        if checkpoints.step_dir(self.ckpt_root, request.version).is_dir():
+        why = checkpoints.problem(final) if final.is_dir() else "not written"
+        if why is None:
             self.steps.checkpoint_written(request.version)
-        self._checkpointed = self.step
+            self._checkpointed = self.step
+        else:
+            log.error("the checkpoint of v%d the controller asked for is not on disk (%s): trying again in %.0fs", request.version, why, CHECKPOINT_RETRY_SECONDS)
+            self._checkpoint_retry_at = time.monotonic() + CHECKPOINT_RETRY_SECONDS
 
     def _stream_arrivals(self, record: StepRecord) -> None:
         """Train the step's groups that arrived since the last poll (on-policy steps that can
@@ -396,8 +404,8 @@ class LearnerWorker(Worker):
             self._record = record
             ent = record.stage_config.entropy
             m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.current(ent)})
-            if record.checkpoint:  # a stage ended or a validation was the best yet: the weights held now
-                self.checkpoint_on_request(CheckpointRequest(k, record.keep_version))
+            if record.checkpoint:  # a stage ended or a validation was the best yet: the weights held now, in the background
+                self.checkpoint(k, record.keep_version)
         return self._record
 
     def collect(self, entry: Entry) -> None:

@@ -55,7 +55,8 @@ def outcomes(
         scores = scorer.score_many([Sample(rec.data_source, s.text, rec.ground_truth, problem(rec)) for rec, group in zip(records, results) for s in group])
     out, at = [], 0
     for group in results:
-        out.append(PromptOutcome.of([x.correctness for x in scores[at : at + len(group)]], [len(s.token_ids) for s in group], [s.finish_reason == pb.FINISH_REASON_LENGTH for s in group]))
+        mine = scores[at : at + len(group)]
+        out.append(PromptOutcome.of([x.correctness for x in mine], [len(s.token_ids) for s in group], [s.finish_reason == pb.FINISH_REASON_LENGTH for s in group], [x.answer for x in mine]))
         at += len(group)
     return out
 

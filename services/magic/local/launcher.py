@@ -67,6 +67,8 @@ def _line(r: dict) -> str:
 
 DATASET = "chain-sum"
 HELDOUT = "chain-sum-heldout"
+DUMP_PROMPTS = 4
+"""Every validation writes the samples of its first this many prompts (data/runs/<run>/generations/)."""
 
 
 def build_spec(args: argparse.Namespace, demo, stages: list) -> dict:
@@ -86,6 +88,7 @@ def build_spec(args: argparse.Namespace, demo, stages: list) -> dict:
         spec["validation"] = {
             "datasets": [HELDOUT], "every": min(args.val_every, sum(s.steps for s in stages)), "samples": args.eval_samples,
             "temperature": stages[0].temperature, "max_prompts": args.val_prompts,
+            "dump_prompts": min(DUMP_PROMPTS, args.val_prompts), "best_by": "avg_at_n",  # generations to read; the best checkpoint kept
         }
     return spec
 
@@ -217,6 +220,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         print(f"      watch it from another shell: MAGIC_API_TOKEN=$(cat {token_file}) magic status {args.run_name} --url http://127.0.0.1:{api_port} --watch", flush=True)
         records = _follow(api, sup, args.run_name, total, args.timeout)
         validations = {int(v): f[HELDOUT] for v, f in api.get(f"/v1/runs/{args.run_name}/validation").items()} if "validation" in spec else {}
+        best = api.run(args.run_name).get("best")  # the best validation and its checkpoint (validation.best_by)
 
         after = None
         weights_dir = out / "data" / "runs" / args.run_name / "weights"
@@ -233,7 +237,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     metrics_path = out / "metrics.jsonl"
     final = [{"step": len(records), "policy_version": len(records), "final": True, "validation": {HELDOUT: validations[len(records)]}}] if len(records) in validations else []
     metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records + final))  # the final policy's validation last, as the controller's
-    plot = plot_run(records, out / "run.png", before.avg_at_n if before else None, after.avg_at_n if after else None, validations)
+    plot = plot_run(records, out / "run.png", before.as_dict() if before else None, after.as_dict() if after else None, validations)
     mismatches = int(sum(r.get("version_mismatch", 0) for r in records))
     summary = {
         "steps": len(records),
@@ -243,6 +247,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         "heldout_before": before.as_dict() if before else None,  # every figure (magic.evaluation.Figures)
         "heldout_after": after.as_dict() if after else None,
         "validation": {str(v): f for v, f in sorted(validations.items())},  # in-run: policy version -> figures
+        "best": best,
         "version_mismatches": mismatches,
         "engine": args.engine,
         "transport": args.transport,
@@ -281,6 +286,8 @@ def next_commands(out: Path, plot: Path, steps: int, run: str = "local") -> str:
         f"  {magic} local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages ({magic} local --help)",
         *([f"  {magic} export {run} --data-dir {out / 'data'} --out {out.parent / (out.name + '-model')}    # the newest checkpoint as a model directory (outside --out, which the next run empties)"]
           if any((out / "data" / "runs" / run / "checkpoints").glob("step-*/COMPLETE")) else []),
+        *([f"  head -n 2 {newest}    # what the model wrote at the last validation (prompt, response, answer, verdict)"]
+          if (newest := max((out / "data" / "runs" / run / "generations").glob("step-*.jsonl"), default=None)) else []),
     ])
 
 

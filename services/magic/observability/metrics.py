@@ -140,6 +140,7 @@ STREAM_PENDING = FigureGauge("magic_stream_pending", "Entries delivered but not 
 # held-out validation (`magic.controller.validation`), per validation dataset, of the policy
 # version in magic_validation_policy_version (= the step whose record carries the figures)
 VALIDATION_AVG = FigureGauge("magic_validation_avg_at_n", "Held-out avg@n: mean correctness of the n samples per validation prompt, over prompts", ["dataset"])
+VALIDATION_MAJ = FigureGauge("magic_validation_maj_at_n", "Held-out maj@n: the majority answer of the n samples per validation prompt is correct, mean over prompts", ["dataset"])
 VALIDATION_PASS = FigureGauge("magic_validation_pass_at_k", "Held-out pass@k (Chen et al. 2021 unbiased estimator), mean over validation prompts", ["dataset"])
 VALIDATION_PASS_CI = FigureGauge("magic_validation_pass_at_k_ci", "Bounds of the 95% normal confidence interval of pass@k over validation prompts", ["dataset", "bound"])
 VALIDATION_LENGTH = FigureGauge("magic_validation_response_length_tokens", "Mean response length of the validation samples (tokens)", ["dataset"])
@@ -198,7 +199,7 @@ OWNERS: dict[str, tuple[MetricWrapperBase, ...]] = {
     ),
     "controller": (
         STEP_SECONDS, STAGE, CONTEXT_LENGTH, POLICY_VERSION, STEP, LIVE_WORKERS, STREAM_LENGTH, STREAM_PENDING, STREAM_LAG,
-        VALIDATION_AVG, VALIDATION_PASS, VALIDATION_PASS_CI, VALIDATION_LENGTH, VALIDATION_TRUNCATED, VALIDATION_VERSION,
+        VALIDATION_AVG, VALIDATION_MAJ, VALIDATION_PASS, VALIDATION_PASS_CI, VALIDATION_LENGTH, VALIDATION_TRUNCATED, VALIDATION_VERSION,
     ),
     "rollout": (
         ROLLOUT_TOKENS,

@@ -163,6 +163,7 @@ class Scorer:
             penalties=penalties,
             details=details[:500],
             seconds=v.seconds,
+            answer=v.answer[:200] if kind == "math" else "",  # the vote of maj@n: a program's text is none
         )
 
     def score_many(self, samples: list[Sample]) -> list[pb.Score]:

@@ -500,12 +500,14 @@ class RunStore:
         path = self.run_dir / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-        final = lines[-1] if lines and json.loads(lines[-1]).get("final") is True else None
-        have = len(lines) - (final is not None)
-        missing = self.r.lrange(self.keys.metrics, have, -1)
+        last = _json_or_none(lines[-1]) if lines else {}
+        dropped = last is None or last.get("final") is True  # a line a crash cut short, or a final validation
+        if dropped:
+            lines = lines[:-1]
+        missing = self.r.lrange(self.keys.metrics, len(lines), -1)
+        if dropped and (missing or last is None):  # a cut line always goes; a final validation when steps follow it
+            write_durably(path, "".join(ln + "\n" for ln in lines))
         if missing:
-            if final is not None:  # steps after a final validation (a stage appended): the final line goes
-                path.write_text("".join(ln + "\n" for ln in lines[:-1]))
             with path.open("a") as f:
                 f.writelines(x.decode() + "\n" for x in missing)
         return len(missing)
@@ -518,10 +520,19 @@ class RunStore:
         self.sync_jsonl()
         path = self.run_dir / "metrics.jsonl"
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-        if len(lines) != version or (lines and json.loads(lines[-1]).get("final") is True):
+        if len(lines) != version or (lines and (_json_or_none(lines[-1]) or {}).get("final") is True):
             return  # already there, or the file is not at the plan's end
         with path.open("a") as f:
             f.write(json.dumps({"step": version, "policy_version": version, "final": True, "validation": figures}, sort_keys=True) + "\n")
+
+
+def _json_or_none(line: str) -> dict | None:
+    """A metrics.jsonl line as a dict, or None for one a crash cut short."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _read_record(run_dir: Path) -> dict:

@@ -69,3 +69,33 @@ def test_summarise_dataset():
     assert summarise(outcomes).pass_at_k == pytest.approx(2 / 3)  # k = n: any correct
     with pytest.raises(ValueError, match="same number of samples"):
         summarise([outcomes[0], PromptOutcome((True,), (1,), (False,))])
+
+
+@pytest.mark.parametrize(
+    ("correct", "answers", "expected"),
+    [
+        ((False, True, True, False), ("3", "4", "4", "5"), 1.0),  # 4 wins, and is right
+        ((True, False, False, False), ("4", "5", "5", "6"), 0.0),  # the right answer is outvoted
+        ((True, False, True, False), ("4", "5", "4", "5"), 0.5),  # a tie of two: one of them right
+        ((True, False, False), ("4", "5", "6"), 1 / 3),  # three singletons tie
+        ((False, False, True), ("", "", "4"), 1.0),  # samples without an answer do not vote
+        ((False, False), ("", ""), 0.0),  # nobody answers
+        ((False, False, False), (" 1/3 ", "$1/3$.", "2/4"), 0.0),  # spacing, dollars and a full stop are one answer: 1/3 wins
+        ((True, True, False, False, False), ("1/2", "0.5", "3", "3", "4"), 0.5),  # the gold in two forms is one answer: ties with 3
+    ],
+)
+def test_maj_at_n_hand_computed(correct, answers, expected):
+    from magic.evaluation import maj_at_n
+
+    assert maj_at_n(correct, answers) == pytest.approx(expected)
+
+
+def test_summarise_reports_maj_at_n_only_when_every_prompt_has_its_answers():
+    with_answers = [PromptOutcome.of([1, 0, 0], [3, 3, 3], [False] * 3, ["4", "5", "5"]), PromptOutcome.of([1, 1, 0], [3, 3, 3], [False] * 3, ["7", "7", "8"])]
+    f = summarise(with_answers)
+    assert f.maj_at_n == pytest.approx(0.5) and f.avg_at_n == pytest.approx(0.5) and f.as_dict()["maj_at_n"] == f.maj_at_n
+    assert summarise([*with_answers, PromptOutcome.of([1, 0, 0], [3, 3, 3], [False] * 3)]).maj_at_n is None  # stored before answers were kept
+    assert summarise([PromptOutcome.of([1, 0], [3, 3], [False] * 2, ["", ""])]).maj_at_n is None  # correct, yet no answer: code, or none reported
+    assert summarise([PromptOutcome.of([0, 0], [3, 3], [False] * 2, ["", ""])]).maj_at_n == 0.0  # nothing answered, nothing right
+    with pytest.raises(ValueError, match="one answer per sample"):
+        summarise([PromptOutcome.of([1, 0], [3, 3], [False] * 2, ["4"])])

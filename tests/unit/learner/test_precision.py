@@ -167,10 +167,10 @@ def test_bf16_checkpoint_keeps_the_masters_and_resumes_the_same_step(tiny_model_
     batches = [scored_groups(k, 4, 4, vocab, seed=5) for k in range(2)]
     straight = make_trainer(tiny_model_dir, "bf16")
     straight.train_step(batches[0], version=0, stage=stage())
-    straight.save_checkpoint(tmp_path, 0, keep=1, background=False)
+    straight.save_checkpoint(tmp_path, 1, keep=1, background=False)  # the policy after step 0
     expected = straight.train_step(batches[1], version=1, stage=stage())
 
-    ckpt = tmp_path / "step-00000000"
+    ckpt = tmp_path / "step-00000001"
     saved = modeling.load_model(ckpt)  # the HF copy holds the float32 masters, not their bf16 rounding
     assert any(not torch.equal(p, p.to(torch.bfloat16).float()) for p in saved.parameters())
     resumed = make_trainer(ckpt, "bf16")

@@ -52,8 +52,8 @@ class RunView(BaseModel):
     """Live processes of the run by service (rollout, reward, learner), from their heartbeats."""
     throughput: Throughput
     optimizer_resets: int = 0
-    """Steps at which the learner resumed without the optimizer state of the step before (no intact
-    checkpoint of it: AdamW's moments started afresh); each step record says so (`optimizer_reset`)."""
+    """Steps K at which the learner resumed without the optimizer state of policy version K (no
+    intact checkpoint `step-<K>`: AdamW's moments started afresh); each step record says so (`optimizer_reset`)."""
     last_optimizer_reset_step: int | None = None
     last_metrics: dict | None = None
     stages: list[dict]
@@ -64,7 +64,8 @@ class RunView(BaseModel):
     (avg_at_n, pass_at_k with its CI, response_length_mean, truncated_ratio; `magic.evaluation`)."""
     best: dict | None = None
     """The best validation by `validation.best_by`: {"policy_version": v, "by": best_by, "value": x,
-    "checkpoint": "step-<v>" (kept whatever its age; None when the initial model is best)}."""
+    "checkpoint": "step-<v>" (the learner is asked to write it and keep it whatever its age; None
+    when the initial model is best)}."""
     spec: RunSpec
 
 

@@ -126,7 +126,7 @@ class RolloutGroup(_message.Message):
     def __init__(self, prompt: _Optional[_Union[PromptGroup, _Mapping]] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., worker: _Optional[str] = ..., generation_seconds: _Optional[float] = ...) -> None: ...
 
 class Score(_message.Message):
-    __slots__ = ("reward", "correctness", "verdict", "penalties", "details", "seconds")
+    __slots__ = ("reward", "correctness", "verdict", "penalties", "details", "seconds", "answer")
     class PenaltiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,13 +140,15 @@ class Score(_message.Message):
     PENALTIES_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     reward: float
     correctness: float
     verdict: Verdict
     penalties: _containers.ScalarMap[str, float]
     details: str
     seconds: float
-    def __init__(self, reward: _Optional[float] = ..., correctness: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., penalties: _Optional[_Mapping[str, float]] = ..., details: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+    answer: str
+    def __init__(self, reward: _Optional[float] = ..., correctness: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., penalties: _Optional[_Mapping[str, float]] = ..., details: _Optional[str] = ..., seconds: _Optional[float] = ..., answer: _Optional[str] = ...) -> None: ...
 
 class ScoredGroup(_message.Message):
     __slots__ = ("rollout", "scores", "worker")
