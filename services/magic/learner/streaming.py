@@ -77,19 +77,24 @@ class StreamingStep:
 
     # -- as groups arrive ------------------------------------------------------------------------
 
-    def add(self, group: pb.ScoredGroup) -> None:
-        """Train on one scored group of the step (forward and backward now, nothing applied)."""
+    def add(self, *groups: pb.ScoredGroup) -> None:
+        """Train on scored groups of the step that arrived together (forward and backward now,
+        nothing applied): their samples packed into micro-batches as the barrier packs a batch,
+        so groups that come at once cost what the barrier's passes over them would."""
         t0 = time.perf_counter()
-        self.groups.append(group)
-        parts = self._coefficients(group)
-        if parts is not None:
+        seqs = []
+        for group in groups:
+            self.groups.append(group)
+            parts = self._coefficients(group)
+            if parts is None:
+                continue
             self.kept_groups += 1
             prompt = list(group.rollout.prompt_ids)
-            seqs = []
             for s, c, counted in zip(group.rollout.samples, *parts):
                 seq = Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), c)
                 seq.counted = counted  # the batch estimator's m_i: the sample carries -mu
                 seqs.append(seq)
+        if seqs:
             for mb in self.trainer._local_micro_batches(seqs):
                 self._backward(mb)
         self.train_seconds += time.perf_counter() - t0

@@ -389,10 +389,10 @@ class LearnerWorker(Worker):
                 return
             self.check_stage(stage)  # a stage appended after the run attached: its plan, before training it
             self._stream, self._streamed = streaming.StreamingStep(self.trainer, k, stage), set()
-        for group_id, group in self.ledger.items(k).items():
-            if group_id not in self._streamed:
-                self._stream.add(group)
-                self._streamed.add(group_id)
+        new = {group_id: group for group_id, group in self.ledger.items(k).items() if group_id not in self._streamed}
+        if new:
+            self._stream.add(*new.values())  # the groups of one poll in shared micro-batches
+            self._streamed.update(new)
 
     def published(self, k: int) -> StepRecord | None:
         """Step k's record (its D_R and stage) once the controller published it. The stage's

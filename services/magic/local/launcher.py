@@ -189,7 +189,10 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         # in its log and code answers are judged error; math is unaffected.
         sup.start("codejudge", "magic.codejudge", {"MAGIC_JUDGE_PORT": str(judge_port), "MAGIC_API_TOKEN": judge_token})
         sup.start("controller", "magic.controller", {"MAGIC_REDIS_URL": urls["controller"], "MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
-        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2"})
+        # the learner trains each step's batch once it is whole: streamed (each group as it comes,
+        # MAGIC_STREAM) it would run beside the rollout's generation on the same two cores, and four
+        # torch threads on two cores made a step 2-9x slower (docs/benchmarks.md)
+        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2", "MAGIC_STREAM": "false"})
         for i in range(args.rollout_workers):
             sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_REDIS_URL": urls["rollout"], **rollout_env})
         for i in range(args.reward_workers):
