@@ -404,8 +404,9 @@ class LearnerWorker(Worker):
             self._record = record
             ent = record.stage_config.entropy
             m.export_step({"entropy_target": ent.target, "entropy_coef": self.trainer.controller.current(ent)})
-            if record.checkpoint:  # a stage ended or a validation was the best yet: the weights held now, in the background
+            if record.checkpoint and self._checkpointed != k:  # a stage ended or a validation was the best yet: the weights held now, in the background
                 self.checkpoint(k, record.keep_version)
+                self._checkpointed = k
         return self._record
 
     def collect(self, entry: Entry) -> None:
