@@ -31,8 +31,8 @@ import httpx
 from magic.codejudge.sandbox.runner import Sandbox
 from magic.codejudge.settings import SandboxSettings
 from magic.codejudge.verifier import CodeVerifier
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
+from magic.runtime.ports import free_port
 
 TOKEN = "benchmark-token-0123456789abcdef"
 

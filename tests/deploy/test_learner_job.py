@@ -19,9 +19,9 @@ from learner_batches import publish_step, scored_groups, stage
 
 from magic import modeling
 from magic.config.schema import RunSpec
-from magic.runtime.ports import free_port
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.ports import free_port
 from magic.store import acl
 from magic.store.streams import Stream
 

@@ -26,8 +26,8 @@ from waiting import wait_for
 
 from magic.demo import task
 from magic.local.redis_server import RedisServer
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
+from magic.runtime.ports import free_port
 
 from .conftest import NAMESPACE, RELEASE, dashboard_queries
 

@@ -14,8 +14,8 @@ import pytest
 from waiting import wait_for
 
 from magic.local.redis_server import RedisServer
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
+from magic.runtime.ports import free_port
 
 from .conftest import CHART, ROOT
 

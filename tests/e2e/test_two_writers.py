@@ -21,9 +21,9 @@ import pytest
 from waiting import wait_for
 from world import World, assert_exactly_once, running_world
 
-from magic.runtime.ports import free_port
 from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.ports import free_port
 from magic.store.streams import Stream
 
 pytestmark = pytest.mark.e2e

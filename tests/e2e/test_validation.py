@@ -22,10 +22,10 @@ from magic.cli import main
 from magic.demo import task
 from magic.learner.checkpoints import read_trainer_state
 from magic.local.redis_server import RedisServer
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.ports import free_port
 from magic.store.streams import Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]

@@ -17,10 +17,10 @@ import redis
 from waiting import answers, wait_for
 
 from magic.demo import task
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
+from magic.runtime.ports import free_port
 from magic.store import acl
 from magic.store.streams import Stream
 

@@ -297,10 +297,10 @@ class StepDriver(threading.Thread):
     def _wait_for_stage(self) -> None:
         """The plan is done and the run waits: return once a stage was appended (the policy the
         plan ended with is checkpointed meanwhile, as at a stage's end)."""
-        k = int(self.store.state().get("step", 0))
-        if self._checkpoint_wanted(k, None) and (self.steps.learner_checkpoint() or -1) < k:
+        k, keep = int(self.store.state().get("step", 0)), self._keep_version()
+        if self._checkpoint_wanted(k, None, keep) and (self.steps.learner_checkpoint() or -1) < k:
             with self.store.transaction() as tx:
-                self.steps.request_checkpoint(tx, k, self._keep_version())
+                self.steps.request_checkpoint(tx, k, keep)
         self.store.update(status=RunStatus.waiting)
         stages = len(self._spec().stages)
         log.info("run %s: plan done after %d stages; waiting for the next stage", self.run_id, stages)
@@ -354,25 +354,26 @@ class StepDriver(threading.Thread):
         top = best(self._spec().validation, self.store.validations())
         return top[0] if top is not None and top[0] > 0 else None
 
-    def _checkpoint_wanted(self, k: int, stage: CurrentStage | None) -> bool:
+    def _checkpoint_wanted(self, k: int, stage: CurrentStage | None, keep: int | None) -> bool:
         """Whether the learner checkpoints version k at step k's boundary: a stage ended there
         (`checkpoint_at_end` of the stage that ended; `stage` None: the plan's last) or version k
-        validated best yet."""
+        validated best yet (`keep`: `_keep_version()`)."""
         if k == 0:
             return False  # the initial model is its own directory
         stages = self._spec().stages
         ended = stages[stage.index - 1] if stage is not None and stage.start == k and stage.index > 0 else (stages[-1] if stage is None and stages else None)
-        return bool(ended is not None and ended.checkpoint_at_end) or self._keep_version() == k
+        return bool(ended is not None and ended.checkpoint_at_end) or keep == k
 
     def _checkpoint_plan_end(self, k: int) -> None:
         """The plan finished after k steps: ask the learner for the checkpoint of version k (when
         the last stage or the best validation wants it) and wait until it is written — a run
         that ends has its final weights on disk — for at most the step timeout."""
-        if not self._checkpoint_wanted(k, None):
+        keep = self._keep_version()
+        if not self._checkpoint_wanted(k, None, keep):
             return
         if (self.steps.learner_checkpoint() or -1) < k:
             with self.store.transaction() as tx:
-                self.steps.request_checkpoint(tx, k, self._keep_version())
+                self.steps.request_checkpoint(tx, k, keep)
         deadline = time.monotonic() + self.settings.step_timeout_seconds
         while (self.steps.learner_checkpoint() or -1) < k:
             if time.monotonic() > deadline:
@@ -428,7 +429,8 @@ class StepDriver(threading.Thread):
             for group in groups:
                 group.penalties_json = cfg.penalties.model_dump_json()
         faults.point(self.armed, "controller.publishing", k)
-        checkpoint, keep = self._checkpoint_wanted(k, stage), self._keep_version()
+        keep = self._keep_version()
+        checkpoint = self._checkpoint_wanted(k, stage, keep)
         with self.store.transaction() as tx:
             self.steps.publish_step(tx, k, stage.index, cfg, groups, checkpoint=checkpoint, keep_version=keep)
             self.store.set_phase(tx, Phase.rollout, stage.index)

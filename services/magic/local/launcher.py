@@ -40,13 +40,14 @@ from magic.controller.client import ClientError, ControllerClient
 from magic.controller.datasets import load_jsonl
 from magic.local.options import stage_plan
 from magic.local.redis_server import RedisServer
-from magic.runtime.ports import free_port
 from magic.local.supervisor import Supervisor
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_server import default_python
 from magic.runtime.exits import Exit
+from magic.runtime.ports import free_port
 from magic.store import acl
+from magic.store.runs import final_validation_record
 
 log = logging.getLogger("magic.local")
 
@@ -238,7 +239,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     from magic.local.plot import plot_run  # heavy (matplotlib): only once the run is over
 
     metrics_path = out / "metrics.jsonl"
-    final = [{"step": len(records), "policy_version": len(records), "final": True, "validation": {HELDOUT: validations[len(records)]}}] if len(records) in validations else []
+    final = [final_validation_record(len(records), {HELDOUT: validations[len(records)]})] if len(records) in validations else []
     metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records + final))  # the final policy's validation last, as the controller's
     plot = plot_run(records, out / "run.png", before.as_dict() if before else None, after.as_dict() if after else None, validations)
     mismatches = int(sum(r.get("version_mismatch", 0) for r in records))

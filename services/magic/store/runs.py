@@ -523,7 +523,12 @@ class RunStore:
         if len(lines) != version or (lines and (_json_or_none(lines[-1]) or {}).get("final") is True):
             return  # already there, or the file is not at the plan's end
         with path.open("a") as f:
-            f.write(json.dumps({"step": version, "policy_version": version, "final": True, "validation": figures}, sort_keys=True) + "\n")
+            f.write(json.dumps(final_validation_record(version, figures), sort_keys=True) + "\n")
+
+
+def final_validation_record(version: int, figures: dict[str, dict]) -> dict:
+    """The last line of a finished plan's metrics.jsonl: the validation of its final policy."""
+    return {"step": version, "policy_version": version, "final": True, "validation": figures}
 
 
 def _json_or_none(line: str) -> dict | None:

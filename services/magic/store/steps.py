@@ -119,6 +119,12 @@ class LearnerProgress:
     prepared_coef: float  # the entropy coefficient after the prepared step
 
 
+def _keep_version(raw: dict[str, str]) -> int | None:
+    """The `keep_version` field of a `step(k)` hash, decoded."""
+    keep = raw.get("keep_version")
+    return int(keep) if keep is not None else None
+
+
 class StepStore:
     """The only code that reads or writes the step contract's keys (see the module docstring)."""
 
@@ -155,10 +161,9 @@ class StepStore:
         raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.step(k)).items()}
         if "expected" not in raw:
             return None
-        keep = raw.get("keep_version")
         return StepRecord(
             k, int(raw["expected"]), int(raw["stage"]), StageConfig.model_validate_json(raw["stage_config"]), float(raw.get("published_at") or 0.0),
-            raw.get("checkpoint") == "1", int(keep) if keep is not None else None,
+            raw.get("checkpoint") == "1", _keep_version(raw),
         )
 
     def request_checkpoint(self, pipe: redis.client.Pipeline, k: int, keep_version: int | None = None) -> None:
@@ -174,8 +179,7 @@ class StepStore:
         raw = {a.decode(): b.decode() for a, b in self.r.hgetall(self.keys.step(k)).items()}
         if raw.get("checkpoint") != "1" or "expected" in raw:
             return None
-        keep = raw.get("keep_version")
-        return CheckpointRequest(k, int(keep) if keep is not None else None)
+        return CheckpointRequest(k, _keep_version(raw))
 
     def checkpoint_written(self, version: int) -> None:
         """The learner: the checkpoint of `version` is on disk."""
