@@ -86,6 +86,35 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
     assert 'magic_step_seconds{phase="train"}' in text and "magic_context_length 24.0" in text
 
 
+def test_bounded_staleness_overlaps_the_steps_of_a_stage_and_drains_at_its_end(cluster, tiny_model_dir):
+    """max_staleness s = 1: step k + 1 is published while step k is out, its samples may come from
+    version k and are trained (decoupled objective), each step once; the first step of the next
+    stage is never published ahead (no sample of stage j trains in stage j + 1)."""
+    api, sup, server, tmp = cluster
+    data = tmp / "train.jsonl"
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(3, 0, 40, 0)["train"])])
+    stage = {"T": 12, "D_R": 4, "gs": 4, "lr": 1e-3, "max_staleness": 1}
+    spec = {"name": "stale", "model": str(tiny_model_dir), "train_files": [str(data)],
+            "stages": [{"name": "one", "steps": 3, **stage}, {"name": "two", "steps": 3, **stage}]}
+    resp = api.post("/v1/runs", json=spec)
+    assert resp.status_code == 201, resp.text
+    status = wait_for(lambda: (s := api.get("/v1/runs/stale").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
+    assert status["status"] == "finished", status.get("error")
+    records = api.get("/v1/runs/stale/metrics").json()
+    assert [r["step"] for r in records] == list(range(6))
+    assert all(r["version_mismatch"] == 0 and r["samples"] == 16 and r["samples_fresh"] + r["samples_stale"] == 16 for r in records)
+    assert records[0]["samples_stale"] == 0 and records[3]["samples_stale"] == 0  # the plan's and the stage's first steps: nothing older exists / drained
+    assert sum(r["samples_stale"] for r in records) > 0, "no step trained a sample of the previous version: nothing overlapped"
+    assert all(r["version_lag_max"] <= 1 for r in records)
+    log = (tmp / "logs" / "controller.log").read_text()
+    ahead = sorted(int(line.split("step ")[1].split(" ")[0]) for line in log.splitlines() if "prompt groups ahead" in line)
+    assert ahead and set(ahead) <= {1, 2, 4, 5}, ahead  # never step 0 nor the first step of stage "two"
+    r = redis.Redis.from_url(server.url)
+    k = keys.RunKeys("stale")
+    assert [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)] == [6]
+    assert sum(r.xlen(d) for d in k.dead_streams()) == 0
+
+
 def test_poison_prompt_is_dead_lettered_and_the_run_goes_on(cluster, tiny_model_dir):
     api, sup, server, tmp = cluster
     data = tmp / "train.jsonl"

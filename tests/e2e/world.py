@@ -106,13 +106,14 @@ class World:
                 self.sup.services.remove(svc)
         self.start(name, fault_points)
 
-    def submit(self, name: str, steps: int) -> None:
+    def submit(self, name: str, steps: int, **stage) -> None:
+        """Start run `name`: one stage of `steps` (T 8, D_R, gs), `stage` adding settings (max_staleness, ...)."""
         wait_for(lambda: answers(f"http://127.0.0.1:{self.port}/readyz"), 60, "the controller", interval=0.05)
         active = self.r.get(keys.ACTIVE_RUN)
         if active is not None:  # a failed test's run: end it so that this test starts clean
             self.api.post(f"/v1/runs/{active.decode()}/stop")
             wait_for(lambda: self.r.get(keys.ACTIVE_RUN) is None, 60, "the previous run to stop")
-        spec = {"name": name, "model": str(self.model), "datasets": [str(self.data)], "stages": [{"steps": steps, "T": 8, "D_R": D_R, "gs": GS, "lr": 1e-3}]}
+        spec = {"name": name, "model": str(self.model), "datasets": [str(self.data)], "stages": [{"steps": steps, "T": 8, "D_R": D_R, "gs": GS, "lr": 1e-3, **stage}]}
         resp = self.api.post("/v1/runs", json=spec, timeout=60)  # services starting share 2 cores
         assert resp.status_code == 201, resp.text
 

@@ -28,11 +28,11 @@ def publish_weights(r, tmp_path, engine, version):
     return sender.publish(version, state)
 
 
-def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0):
+def publish_prompts(r, count, version=0, n=2, max_tokens=8, step=0, max_staleness=0):
     """Publish as the controller does (`StepStore.publish_groups`: the groups and their digests)."""
     groups = []
     for i in range(count):
-        g = pb.PromptGroup(run_id=RUN, group_id=f"{step}:{i:05d}", step=step, policy_version=version, published_at=time.time(),
+        g = pb.PromptGroup(run_id=RUN, group_id=f"{step}:{i:05d}", step=step, policy_version=version, published_at=time.time(), max_staleness=max_staleness,
                            sampling=pb.SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, seed=i))
         g.messages.add(role="user", content=f"Add {i}+1")
         groups.append(g)
@@ -120,6 +120,33 @@ def test_a_new_version_drops_groups_still_in_flight_at_the_old_one(r, tiny_model
     w.poll()
     assert w.engine.version == 1 and not w._work and w.engine.in_flight() == []
     assert rollouts(r) == [] and r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
+
+
+def test_with_bounded_staleness_any_version_of_the_window_generates_and_a_newer_one_loads_between_groups(r, tiny_model_dir, tmp_path):
+    """max_staleness s = 1: a group of step 2 (version 2) is generated at once by a worker serving
+    version 1; version 2, announced while it is in flight, is loaded once it is done (its samples
+    keep version 1), new groups wait meanwhile; a group older than its window is stale."""
+    w = make_worker(r, tiny_model_dir, tmp_path, "w")
+    publish_weights(r, tmp_path, w.engine, 0)
+    publish_weights(r, tmp_path, w.engine, 1)
+    w.poll()
+    publish_prompts(r, 1, version=2, step=2, max_tokens=40, max_staleness=1)
+    w.admit()
+    assert len(w._work) == 1  # version 1 is in the window 1-2 of step 2
+    publish_weights(r, tmp_path, w.engine, 2)
+    publish_prompts(r, 1, version=3, step=3, max_staleness=1)  # window 2-3: waits for version 2
+    w.poll()
+    assert w.engine.version == 1 and w._deferred_load == 2 and len(w._work) == 1  # the group in flight is not superseded
+    drive([w], lambda: len(rollouts(r)) == 2)
+    first, second = rollouts(r)
+    assert first.prompt.group_id == "2:00000" and {s.policy_version for s in first.samples} == {1}
+    assert second.prompt.group_id == "3:00000" and {s.policy_version for s in second.samples} == {2}
+    assert w.engine.version == 2 and w._deferred_load is None and StepStore(r, RUN).served_versions() == {"w": 2}
+    publish_prompts(r, 1, version=1, step=1, max_staleness=0)  # window 1-1: older than the weights served
+    for _ in range(3):
+        w.poll()
+    assert len(rollouts(r)) == 2 and w.stale_prompts == 1
+    assert r.xpending(keys.RunKeys(RUN).prompts, "rollout")["pending"] == 0
 
 
 def test_a_worker_started_late_reads_weights_from_the_newest_announcement(r, tiny_model_dir, tmp_path):

@@ -184,6 +184,16 @@ class StageConfig(BaseModel):
     (`rollout_is_clipfrac`) are recorded in every mode. verl's `rollout_is` / `rollout_is_threshold`."""
     rollout_is_threshold: float = Field(default=2.0, gt=1, le=1000)
     """C: the cap of the importance weights of `rollout_is`."""
+    max_staleness: int = Field(default=0, ge=0, le=8)
+    """s: bounded staleness (off-policy by at most s versions; docs/overlap.md). 0, the paper's
+    recipe: step k trains only samples of policy version k, and the controller publishes step
+    k + 1 once every rollout worker serves version k + 1. With s >= 1 the controller publishes
+    step k + 1 while the learner still trains step k (at most s steps ahead; never across a
+    stage's end, a validation or a requested evaluation), its samples may come from versions
+    k + 1 - s ... k + 1, and the learner trains a sample of an older version with the decoupled
+    PPO objective: the ratio around its own policy (version k + 1), each token weighted by
+    pi_learner / pi_sampler truncated at C (`rollout_is_threshold`; "mask" with `rollout_is`
+    "mask"). Samples older than s versions are never trained (counted in `version_mismatch`)."""
     kl_reference: Literal["initial", "ema"] = "initial"
     """The reference policy of the KL term (beta > 0): "initial", the run's initial model; "ema",
     an exponential moving average of the policy, pi_ref <- d * pi_ref + (1 - d) * pi_theta after

@@ -16,6 +16,11 @@
         wait until every live rollout worker serves version k + 1          (sync)
         record step k's figures (learner metrics + phase timings) in Redis and the JSONL log
 
+    Bounded staleness (the stage's max_staleness s >= 1, off-policy by at most s versions): while
+    step k is out (rollout, sync), publish steps k+1 ... k+s, step j once every live worker serves
+    version j - s; its samples may come from versions j - s ... j (`_publish_ahead`). The
+    pipeline drains before a stage boundary, a validation and a requested evaluation.
+
 Restarts. The barrier position (step k, phase) lives in the run's state hash and moves only in
 the MULTI/EXEC transaction that performs the phase's effect: the prompts of step k are
 published together with `phase = rollout`, and step k's record is appended together with
@@ -36,6 +41,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from magic.config.schema import RunSpec
 from magic.controller.datasets import DatasetError, DatasetRegistry, group_seed, load_pool, prompt_group
@@ -222,7 +228,7 @@ class StepDriver(threading.Thread):
             self._estimating = False
         self.store.update(status=RunStatus.running)
         while True:
-            self._check_control(allow_pause=phase is Phase.publish)
+            self._check_control(allow_pause=phase is Phase.publish and self.steps.record(k) is None)  # a pause waits while a step is out
             if phase is Phase.publish:
                 stage = self.plan.stage_for(self._spec(), k, pool)
                 if stage is None:
@@ -237,6 +243,10 @@ class StepDriver(threading.Thread):
                 m.STAGE.set(stage.index)
                 m.CONTEXT_LENGTH.set(stage.config.context_length)
                 m.STEP.set(k)
+                if self.steps.record(k) is not None:  # published ahead while step k - 1 was out (bounded staleness)
+                    self.store.update(phase=Phase.rollout)
+                    phase = Phase.rollout
+                    continue
                 self.wait_for_version(k, allow_pause=True)
                 self._check_control(allow_pause=True)
                 if self.validation.due(self._spec(), k):
@@ -245,12 +255,13 @@ class StepDriver(threading.Thread):
                 self.publish_step(k, stage)
                 phase = Phase.rollout
             if phase is Phase.rollout:
-                self.wait_for_step(k)
+                ahead = self._ahead(k, pool)
+                self.wait_for_step(k, ahead)
                 faults.point(self.armed, "controller.completed", k)
                 phase = Phase.sync
                 self.store.update(phase=phase)
             if phase is Phase.sync:
-                synced_at = self.wait_for_version(k + 1)
+                synced_at = self.wait_for_version(k + 1, ahead=self._ahead(k, pool))
                 self.record_step(k, synced_at)
                 k, phase = k + 1, Phase.publish
 
@@ -412,9 +423,11 @@ class StepDriver(threading.Thread):
 
     # -- phases ------------------------------------------------------------------------------
 
-    def publish_step(self, k: int, stage: CurrentStage) -> None:
-        """Publish step k's D_R prompt groups, tagged with version k and the stage's settings,
-        and move the barrier to `rollout` in the same transaction."""
+    def publish_step(self, k: int, stage: CurrentStage, ahead: bool = False) -> None:
+        """Publish step k's D_R prompt groups, tagged with version k, the stage's settings and
+        its staleness bound, and move the barrier to `rollout` in the same transaction (`ahead`:
+        while step k - 1 is out, the barrier stays where it is; the publish phase of step k finds
+        the step published)."""
         cfg = self._spec().stages[stage.index]  # re-read: the driver never trains on a stale copy
         records = stage.source.take((k - stage.start) * cfg.rollout_batch_size, cfg.rollout_batch_size)
         seed = self._spec().seed
@@ -425,6 +438,8 @@ class StepDriver(threading.Thread):
             )
             for i, rec in enumerate(records)
         ]
+        for group in groups:
+            group.max_staleness = cfg.max_staleness
         if cfg.penalties is not None:  # the stage's penalties travel with each group to the reward service
             for group in groups:
                 group.penalties_json = cfg.penalties.model_dump_json()
@@ -433,17 +448,57 @@ class StepDriver(threading.Thread):
         checkpoint = self._checkpoint_wanted(k, stage, keep)
         with self.store.transaction() as tx:
             self.steps.publish_step(tx, k, stage.index, cfg, groups, checkpoint=checkpoint, keep_version=keep)
-            self.store.set_phase(tx, Phase.rollout, stage.index)
+            if not ahead:
+                self.store.set_phase(tx, Phase.rollout, stage.index)
         faults.point(self.armed, "controller.published", k)
-        log.info("step %d (stage %d '%s', T=%d): published %d prompt groups", k, stage.index, cfg.name, cfg.context_length, len(records))
+        log.info(
+            "step %d (stage %d '%s', T=%d): published %d prompt groups%s", k, stage.index, cfg.name, cfg.context_length, len(records),
+            f" ahead (versions {max(0, k - cfg.max_staleness)}-{k} may generate them)" if ahead else "",
+        )
 
-    def wait_for_version(self, version: int, allow_pause: bool = False) -> float:
+    # -- bounded staleness: publishing ahead -------------------------------------------------------
+
+    def _ahead(self, k: int, pool) -> Callable[[], None] | None:
+        """While step k is out: what publishes the steps after it that bounded staleness allows
+        (`StageConfig.max_staleness` s >= 1; None with s = 0, the recipe's barrier)."""
+        stage = self.plan.stage_for(self._spec(), k, pool)  # step k's stage: it was published in it
+        if stage is None or self._spec().stages[stage.index].max_staleness == 0:
+            return None
+        return lambda: self._publish_ahead(k, stage)
+
+    def _publish_ahead(self, k: int, stage: CurrentStage) -> None:
+        """Publish step j = k + 1 ... k + s while step k is out, each once every live rollout
+        worker serves version j - s (its samples may come from versions j - s ... j). The
+        pipeline drains (nothing is published ahead) before a step that starts a stage or may
+        end one (a plateau rule needs step j - 1's record), one whose version is validated, and
+        while an evaluation, a pause or a stop is requested: those happen at a step boundary
+        with every worker on the step's version, as with s = 0."""
+        spec = self._spec()
+        cfg = spec.stages[stage.index]
+        s = cfg.max_staleness
+        for j in range(k + 1, k + s + 1):
+            if self.steps.record(j) is not None:
+                continue  # published already (before a restart, too)
+            done = j - stage.start  # steps of the stage before j
+            plateau = cfg.plateau
+            if done >= cfg.steps or (plateau is not None and done >= max(plateau.min_steps, 2 * plateau.window)):
+                return
+            if self.validation.due(spec, j) or self._open_evals() or self.store.requested() & {"pause", "stop"}:
+                return
+            if not self._serving(j - s):
+                return
+            self.publish_step(j, stage, ahead=True)
+
+    def wait_for_version(self, version: int, allow_pause: bool = False, ahead: Callable[[], None] | None = None) -> float:
         """Block until at least one rollout worker of this run serves `version` and none serves
         an older one; returns when that happened. A pause is honoured while waiting when
-        `allow_pause` (nothing of the step is out yet)."""
+        `allow_pause` (nothing of the step is out yet); `ahead` publishes the steps bounded
+        staleness allows meanwhile."""
         deadline = time.monotonic() + self.settings.worker_wait_seconds
         while True:
             self._check_events()
+            if ahead is not None:
+                ahead()
             if self._serving(version):
                 return time.time()
             self._check_control(allow_pause)
@@ -466,11 +521,15 @@ class StepDriver(threading.Thread):
             return True
         return False
 
-    def wait_for_step(self, k: int) -> pb.StepCompleted:
+    def wait_for_step(self, k: int, ahead: Callable[[], None] | None = None) -> pb.StepCompleted:
+        """Block until the learner completed step k; `ahead` publishes the steps bounded
+        staleness allows meanwhile."""
         deadline = time.monotonic() + self.settings.step_timeout_seconds
         while k not in self.events.completed:
-            self._check_events(block_ms=200)
+            self._check_events(block_ms=200 if ahead is None else 50)
             self._check_control()
+            if ahead is not None:
+                ahead()
             if time.monotonic() > deadline:
                 raise RunFailed(f"step {k} did not complete within {self.settings.step_timeout_seconds:.0f}s")
         return self.events.completed[k][1]

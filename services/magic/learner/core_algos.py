@@ -260,6 +260,36 @@ def rollout_is_weights(
     return applied.to(prox_logp.dtype), sums
 
 
+def behaviour_weights(
+    prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, stale: torch.Tensor | None, mode: str, threshold: float
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The per-token weights of the policy-gradient term, pi_prox / pi_behav (`rollout_is_weights`),
+    for a batch whose samples come from the step's own version (fresh) or, with bounded staleness,
+    from an older one (`stale`, (B, 1) bool): the decoupled PPO objective (AReaL, Fu et al. 2025)
+    always weights a stale sample's tokens — truncated at C, or masked outside [1/C, C] when `mode`
+    is "mask" — and fresh tokens as `mode` says ("none": unweighted, the paper's recipe).
+
+    Returns the weights to apply (None: no token is weighted) and the sums of `rollout_is_weights`
+    over every response token (fresh and stale).
+
+    >>> prox = torch.log(torch.tensor([[0.9, 0.9], [0.9, 0.1]])); behav = torch.log(torch.tensor([[0.3, 0.3], [0.3, 0.4]]))
+    >>> w, s = behaviour_weights(prox, behav, torch.ones(2, 2), torch.tensor([[False], [True]]), "none", 2.0)
+    >>> [[round(x, 4) for x in row] for row in w.tolist()], s["rollout_is_clipfrac"].item()
+    ([[1.0, 1.0], [2.0, 0.25]], 3.0)
+    """
+    stale_any = stale is not None and bool(stale.any())
+    if not stale_any:
+        weights, sums = rollout_is_weights(prox_logp, behav_logp, mask, mode, threshold)
+        return (weights if mode != "none" else None), sums
+    stale_mode = "mask" if mode == "mask" else "truncate"
+    m = mask.to(torch.float64)
+    s = stale.expand_as(mask).to(torch.float64)
+    w_fresh, fresh = rollout_is_weights(prox_logp, behav_logp, m * (1 - s), mode, threshold)
+    w_stale, old = rollout_is_weights(prox_logp, behav_logp, m * s, stale_mode, threshold)
+    weights = torch.where(stale.expand_as(w_fresh), w_stale, w_fresh)
+    return weights, {k: fresh[k] + old[k] for k in fresh}
+
+
 def ppo_clip_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -353,6 +383,7 @@ def magic_loss(
     entropy: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     behaviour_logp: torch.Tensor | None = None,
+    stale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The MAGIC objective (paper eq. 3.1 plus the k3 term of §3.2.6), token-level over the batch:
 
@@ -363,20 +394,19 @@ def magic_loss(
     (B, L) reference log-probs (needed when beta > 0); behaviour_logp: (B, L) the sampler's
     log-probs of the sampled tokens: with `config.rollout_is` the policy-gradient term of each
     token is weighted by `rollout_is_weights(old_logp, behaviour_logp)` (old_logp is pi_prox, the
-    learner's policy version k), and its sums are reported in every mode. Returns this
+    learner's policy version k), and its sums are reported in every mode; stale: (B, 1) bool,
+    samples an older version generated (bounded staleness), whose tokens are always weighted
+    (the decoupled objective, `behaviour_weights`). Returns this
     micro-batch's share of the loss and metric sums over its tokens (see `ppo_clip_loss`, plus
     `loss`, `pg_loss`, `entropy`, `kl_ref`, `rollout_is_weight`, `rollout_is_clipfrac`).
     """
     entropy_coef, kl_coef = config.entropy_coef, config.kl_coef
     weights, is_sums = None, {}
     if behaviour_logp is not None:
-        weights, is_sums = rollout_is_weights(old_logp, behaviour_logp, mask, config.rollout_is, config.rollout_is_threshold)
-    elif config.rollout_is != "none":
-        raise ValueError("rollout_is needs the sampler's log-probs")
-    loss, sums = ppo_clip_loss(
-        logp, old_logp, advantages, mask, num_tokens, config.clip_low, config.clip_high, config.dual_clip,
-        is_weights=weights if config.rollout_is != "none" else None,
-    )
+        weights, is_sums = behaviour_weights(old_logp, behaviour_logp, mask, stale, config.rollout_is, config.rollout_is_threshold)
+    elif config.rollout_is != "none" or (stale is not None and bool(stale.any())):
+        raise ValueError("rollout_is and stale samples need the sampler's log-probs")
+    loss, sums = ppo_clip_loss(logp, old_logp, advantages, mask, num_tokens, config.clip_low, config.clip_high, config.dual_clip, is_weights=weights)
     sums.update(is_sums)
     m = mask.to(logp.dtype)
     sums["pg_loss"] = loss.detach() * num_tokens

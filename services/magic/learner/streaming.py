@@ -91,7 +91,7 @@ class StreamingStep:
             self.kept_groups += 1
             prompt = list(group.rollout.prompt_ids)
             for s, c, counted in zip(group.rollout.samples, *parts):
-                seq = Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), c)
+                seq = Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), c, stale=s.policy_version != self.version)
                 seq.counted = counted  # the batch estimator's m_i: the sample carries -mu
                 seqs.append(seq)
         if seqs:
@@ -103,7 +103,7 @@ class StreamingStep:
         """The group's own part of its advantages c_i and, for the batch estimator, which samples
         count (m_i); None: the group is not trained — another version, aborted, or rejected for
         want of reward spread."""
-        if not of_version(group, self.version):
+        if not of_version(group, self.version, self.stage.max_staleness):
             return None
         rewards, truncated, stats_mask, keep = self._row(group)
         counted = (stats_mask & keep).to(torch.float64)
@@ -132,8 +132,8 @@ class StreamingStep:
         logp, entropy = trainer.backend.forward(t["input_ids"], t["attention_mask"], stage.temperature)
         mask = t["response_mask"].to(logp.dtype)
         ratio = torch.exp(logp - logp.detach())  # 1, with the gradient of log pi
-        weights, is_sums = core_algos.rollout_is_weights(logp, t["rollout_logp"], t["response_mask"], stage.rollout_is, stage.rollout_is_threshold)
-        w = weights if stage.rollout_is != "none" else torch.ones_like(logp)
+        weights, is_sums = core_algos.behaviour_weights(logp, t["rollout_logp"], t["response_mask"], t["stale"], stage.rollout_is, stage.rollout_is_threshold)
+        w = weights if weights is not None else torch.ones_like(logp)
         coef = t["advantages"].to(logp.dtype)  # (B, 1): each sample's coefficient c_i
         terms = {"lin": (coef * w * ratio * mask).sum()}
         if self.estimator == "batch":
@@ -178,7 +178,7 @@ class StreamingStep:
         t0 = time.perf_counter()
         control = trainer.controller
         kept, metrics = build_sequences(self.groups, self.version, stage)  # the barrier's own bookkeeping: rejections, advantage figures
-        metrics.update(batch_stats(self.groups, self.version).metrics(), entropy_target=ent_cfg.target, entropy_coef=control.current(ent_cfg), n_sgd=1.0)
+        metrics.update(batch_stats(self.groups, self.version, stage.max_staleness).metrics(), entropy_target=ent_cfg.target, entropy_coef=control.current(ent_cfg), n_sgd=1.0)
         if len(kept) != self.kept_groups:
             raise RuntimeError(f"streamed {self.kept_groups} groups, the batch keeps {len(kept)}")
         if not kept:
@@ -223,7 +223,7 @@ class StreamingStep:
             return 1.0, 0.0
         rows, masks = [], []
         for g in self.groups:
-            if not of_version(g, self.version):
+            if not of_version(g, self.version, self.stage.max_staleness):
                 continue
             rewards, _, stats_mask, _ = self._row(g)
             rows.append(rewards[0])

@@ -89,7 +89,13 @@ ROLLOUT_IS = FigureGauge(
 )
 GRAD_NORM = FigureGauge("magic_grad_norm", "Global gradient L2 norm before clipping")
 PG_LOSS = FigureGauge("magic_pg_loss", "Policy-gradient loss of the last step")
-VERSION_MISMATCH = Counter("magic_version_mismatch", "Samples dropped because their policy version differs from the step's")
+VERSION_MISMATCH = Counter("magic_version_mismatch", "Samples dropped because their policy version is outside the step's window (k - max_staleness ... k)")
+VERSION_LAG = FigureGauge(
+    "magic_samples_by_version_lag",
+    "Samples of the last step's rollout batch by policy-version lag k - v: lag=0 (on-policy), lag=stale (1 ... max_staleness: trained "
+    "with the decoupled objective), lag=beyond (older: never trained)",
+    ["lag"],
+)
 LEARNER_STEP = FigureGauge("magic_learner_step", "Last step the learner trained")
 
 STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
@@ -118,6 +124,9 @@ STEP_GAUGES: dict[str, tuple[Gauge, dict[str, str]]] = {
     "zero_adv_group_ratio": (ZERO_ADV_GROUP_RATIO, {}),
     "grad_norm": (GRAD_NORM, {}),
     "pg_loss": (PG_LOSS, {}),
+    "samples_fresh": (VERSION_LAG, {"lag": "0"}),
+    "samples_stale": (VERSION_LAG, {"lag": "stale"}),
+    "version_mismatch": (VERSION_LAG, {"lag": "beyond"}),
 }
 
 

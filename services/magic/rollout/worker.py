@@ -10,6 +10,9 @@
           whichever worker has room (dynamic load balancing, no static split)
           - a group asking for a newer version waits for it (its entry stays pending)
           - a group asking for an older version is stale: never generated with other weights
+          - with bounded staleness (the group's max_staleness s >= 1) any version of
+            policy_version - s ... policy_version generates it; a newer version is loaded between
+            groups: once the groups in flight that their window allows are finished
           - when idle, take over groups pending too long at another live worker (stragglers)
         advance the engine; publish each finished group to `rollouts` and acknowledge its prompt
 
@@ -77,6 +80,11 @@ def build_engine(settings: RolloutSettings, model_path: str) -> RolloutEngine:
     return TorchEngine(model_path, device=settings.device, max_batch_sequences=settings.max_batch_sequences)
 
 
+def window(group: pb.PromptGroup) -> tuple[int, int]:
+    """The policy versions that may generate `group`: policy_version - max_staleness ... policy_version."""
+    return max(0, group.policy_version - group.max_staleness), group.policy_version
+
+
 class RolloutWorker(Worker):
     def __init__(self, channels: RunChannels, settings: RolloutSettings, engine: RolloutEngine, receiver: WeightReceiver):
         self.channels = channels
@@ -96,6 +104,7 @@ class RolloutWorker(Worker):
         self._weight_failures = 0
         self._work: dict[str, _Work] = {}  # entry id -> group in the engine
         self._held: list[tuple[Entry, pb.PromptGroup]] = []  # waiting for a newer version
+        self._deferred_load: int | None = None  # a newer version announced, loaded once the groups in flight are done
         self._stolen_ids: set[str] = set()  # claimed from a straggling worker, not yet submitted
         self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -136,7 +145,8 @@ class RolloutWorker(Worker):
         self.sync_weights(block_ms=0 if self.engine.version >= 0 else 500)
         if self.engine.version < 0:
             return  # nothing to generate with yet
-        self.admit()
+        if self._deferred_load is None:  # else: the groups in flight finish before the new weights load
+            self.admit()
         if self._work:
             self.collect(self.engine.step())
         m.ROLLOUT_IN_FLIGHT.set(self.settings.max_batch_sequences - self.engine.free_slots())
@@ -174,9 +184,9 @@ class RolloutWorker(Worker):
         for entry, group in items:
             if entry.id in self._work:
                 continue  # already generating it (e.g. re-read after a reclaim)
-            if group.policy_version == self.engine.version:
+            if window(group)[0] <= self.engine.version <= group.policy_version:
                 ready.append((entry, group))
-            elif group.policy_version > self.engine.version:
+            elif self.engine.version < window(group)[0]:
                 held.append((entry, group))
             else:
                 self._drop_stale(entry, group)
@@ -186,7 +196,9 @@ class RolloutWorker(Worker):
     def _drop_stale(self, entry: Entry, group: pb.PromptGroup) -> None:
         self.stale_prompts += 1
         m.ROLLOUT_STALE_GROUPS.inc()
-        log.warning("prompt group %s wants version %d but we serve %d: stale, skipped", group.group_id, group.policy_version, self.engine.version)
+        lo, hi = window(group)
+        wants = f"version {hi}" if lo == hi else f"versions {lo}-{hi}"
+        log.warning("prompt group %s wants %s but we serve %d: stale, skipped", group.group_id, wants, self.engine.version)
         self.prompts.ack(entry.id)
 
     def _submit(self, entry: Entry, group: pb.PromptGroup, attempts: int = 1) -> None:
@@ -292,8 +304,15 @@ class RolloutWorker(Worker):
             return
         before, t0 = self.engine.version, time.perf_counter()
         batch = [u for _, u in updates]
-        if self._work and any(u.version > before for u in batch):
-            self._abort_superseded()
+        newest = max(u.version for u in batch)
+        if self._work and newest > before:
+            self._abort_superseded(newest)
+            if self._work:  # bounded staleness: groups their window allows finish with the weights they started with
+                if self._deferred_load != newest:
+                    log.info("v%d announced: loaded once the %d groups in flight at v%d are done", newest, len(self._work), before)
+                self._deferred_load = newest
+                return  # the cursor stays: the announcements are read again next poll
+        self._deferred_load = None
         try:
             self.receiver.receive_batch(batch, self.engine)
         except WeightIntegrityError as exc:
@@ -325,10 +344,12 @@ class RolloutWorker(Worker):
         m.ERRORS.labels(service=SERVICE).inc()
         self.channels.dead_letter_once(self.weights, entry, reason)
 
-    def _abort_superseded(self) -> None:
-        """A newer version is announced only once the current step is complete, so groups still in
-        flight at the old version are copies finished elsewhere: drop them."""
-        for key in self.engine.abort(list(self._work)):
+    def _abort_superseded(self, newest: int) -> None:
+        """Version `newest` is announced only once step newest - 1 is complete, so groups still in
+        flight of a step before `newest` are copies finished elsewhere: drop them. Groups of later
+        steps (published ahead with bounded staleness) stay: they may use the weights in use."""
+        done = [key for key, work in self._work.items() if work.group.policy_version < newest]
+        for key in self.engine.abort(done) if done else []:
             work = self._work.pop(key)
             self._drop_stale(work.entry, work.group)
 

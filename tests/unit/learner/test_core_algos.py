@@ -153,6 +153,40 @@ def test_decoupled_loss_weights_each_token_by_the_truncated_proximal_over_behavi
         core_algos.magic_loss(logp, prox, adv, mask, 4, config)
 
 
+def test_stale_samples_always_get_the_decoupled_weight_and_fresh_ones_as_rollout_is_says():
+    """Bounded staleness: a sample an older version generated (stale) is trained with the decoupled
+    objective whatever `rollout_is` says — truncated at C, masked outside [1/C, C] with "mask" —,
+    a sample of the step's own version as `rollout_is` says. Hand-computed: two samples of two
+    tokens, C = 2, the second sample stale; every ratio pi_theta / pi_prox is 1 but the first token's."""
+    prox = torch.log(torch.tensor([[0.9, 0.5], [0.9, 0.1]], dtype=torch.float64))
+    behav = torch.log(torch.tensor([[0.3, 0.5], [0.3, 0.4]], dtype=torch.float64))  # w = 3, 1 | 3, 0.25
+    ratios = torch.tensor([[1.1, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    logp = prox + torch.log(ratios)
+    adv = torch.tensor([[1.0], [-2.0]], dtype=torch.float64)
+    mask, stale = torch.ones(2, 2), torch.tensor([[False], [True]])
+
+    def loss_of(mode: str, stale_mask=stale):
+        config = core_algos.LossConfig(clip_low=0.2, clip_high=0.28, rollout_is=mode, rollout_is_threshold=2.0)
+        return core_algos.magic_loss(logp, prox, adv, mask, 4, config, behaviour_logp=behav, stale=stale_mask)
+
+    # "none": the fresh sample unweighted (1.1*1 + 1*1), the stale one min(3, 2) = 2 and 0.25 on -2 each
+    loss, sums = loss_of("none")
+    assert loss.item() == pytest.approx(-(1.1 + 1.0 + 2.0 * -2.0 + 0.25 * -2.0) / 4, rel=1e-12)
+    assert sums["rollout_is_weight"].item() == pytest.approx(1 + 1 + 2 + 0.25) and sums["rollout_is_clipfrac"].item() == 2
+    # "truncate": both truncated at 2 (the fresh sample's first token too)
+    loss, _ = loss_of("truncate")
+    assert loss.item() == pytest.approx(-(2.0 * 1.1 + 1.0 + 2.0 * -2.0 + 0.25 * -2.0) / 4, rel=1e-12)
+    # "mask": w = 3 and 0.25 are outside [1/2, 2]: those tokens do not train, fresh or stale
+    loss, sums = loss_of("mask")
+    assert loss.item() == pytest.approx(-(1.0) / 4, rel=1e-12)
+    assert sums["rollout_is_clipfrac"].item() == 3
+    # no stale sample: the paper's loss with "none", as before
+    loss, _ = loss_of("none", torch.zeros(2, 1, dtype=torch.bool))
+    assert loss.item() == pytest.approx(-(1.1 + 1.0 - 2.0 - 2.0) / 4, rel=1e-12)
+    with pytest.raises(ValueError, match="stale samples need the sampler's log-probs"):
+        core_algos.magic_loss(logp, prox, adv, mask, 4, core_algos.LossConfig(clip_low=0.2, clip_high=0.28), stale=stale)
+
+
 def test_ppo_clip_loss_is_a_token_sum_over_the_batch_count():
     torch.manual_seed(0)
     logp = torch.randn(4, 5)

@@ -66,7 +66,7 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PromptGroup(_message.Message):
-    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at", "kind", "penalties_json")
+    __slots__ = ("run_id", "group_id", "step", "policy_version", "stage", "messages", "data_source", "ground_truth", "extra_info_json", "prompt_uid", "sampling", "published_at", "kind", "penalties_json", "max_staleness")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class PromptGroup(_message.Message):
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PENALTIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     group_id: str
     step: int
@@ -95,7 +96,8 @@ class PromptGroup(_message.Message):
     published_at: float
     kind: GroupKind
     penalties_json: str
-    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ..., kind: _Optional[_Union[GroupKind, str]] = ..., penalties_json: _Optional[str] = ...) -> None: ...
+    max_staleness: int
+    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., stage: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., data_source: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., prompt_uid: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., published_at: _Optional[float] = ..., kind: _Optional[_Union[GroupKind, str]] = ..., penalties_json: _Optional[str] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("response_ids", "logprobs", "finish_reason", "text", "policy_version")
