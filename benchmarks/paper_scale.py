@@ -74,6 +74,7 @@ class StandInEngine:
         self.logps = [-self.rng.expovariate(2.0) for _ in range(span)]
         self.filler = ("We add the numbers one at a time and check each partial sum carefully. " * 2000)[: 4 * span]
         self.work: dict[str, tuple[float, list]] = {}
+        self.busy = BusyClock(busy_file("rollout"))  # the fleet's utilisation: time with a group in flight
 
     def render_prompt(self, messages):
         return self.ids[:200]
@@ -92,13 +93,16 @@ class StandInEngine:
                                            self.filler[: 4 * n] + boxed))
         ready = time.monotonic() + self.generation_seconds * max(lengths) / request.max_tokens
         self.work[key] = (ready, samples)
+        self.busy.mark(True)
 
     def step(self):
         now = time.monotonic()
         done = [k for k, (t, _) in self.work.items() if t <= now]
         if not done:
             time.sleep(0.005)
-        return [(k, self.work.pop(k)[1]) for k in done]
+        out = [(k, self.work.pop(k)[1]) for k in done]
+        self.busy.mark(bool(self.work))
+        return out
 
     def free_slots(self):
         return self.max_batch_sequences - sum(len(s) for _, s in self.work.values())
@@ -128,6 +132,53 @@ class StandInEngine:
         pass
 
 
+def busy_file(role: str) -> Path | None:
+    """Where a stand-in process writes its busy seconds (MAGIC_BENCH_BUSY_DIR, set by the driver)."""
+    root = os.environ.get("MAGIC_BENCH_BUSY_DIR")
+    return Path(root) / f"{role}-{os.environ.get('MAGIC_WORKER_NAME', role)}.busy" if root else None
+
+
+class BusyClock:
+    """Cumulative seconds a stand-in was busy, written to `path` at most every 0.2 s (the driver
+    turns its increments into utilisation per step)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.seconds, self.last, self.written, self.busy = path, 0.0, time.monotonic(), 0.0, False
+
+    def mark(self, busy: bool) -> None:
+        """Count the time since the last mark as busy if it was busy then; `busy`: whether it is
+        from now on (written at once when that changes, else at most every 0.2 s)."""
+        now = time.monotonic()
+        if self.busy:
+            self.seconds += now - self.last
+        changed, self.last, self.busy = busy != self.busy, now, busy
+        if self.path is not None and (changed or now - self.written > 0.2):
+            self.flush()
+
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.last = time.monotonic()
+        if self.path is not None:
+            self.flush()
+
+    def flush(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(f"{self.seconds:.6f}")
+        tmp.replace(self.path)
+        self.written = time.monotonic()
+
+
+def busy_seconds(root: Path, role: str) -> float:
+    """The busy seconds of every stand-in of `role` so far (summed over workers)."""
+    total = 0.0
+    for f in root.glob(f"{role}-*.busy"):
+        try:
+            total += float(f.read_text() or 0)
+        except (OSError, ValueError):
+            pass
+    return total
+
+
 def seconds_per_token(train_seconds: float, groups: int, group_size: int, max_tokens: int) -> float:
     """The stand-in learner's pace: `train_seconds` for a batch of the expected size (D_R x gs
     responses of the long-tailed lengths), so its time grows with the tokens it is given."""
@@ -145,14 +196,14 @@ class StandInStreaming:
 
     class StreamingStep:
         def __init__(self, trainer, version, stage):
-            self.trainer, self.version, self.groups = trainer, version, []
+            self.trainer, self.version, self.stage, self.groups = trainer, version, stage, []
 
-        def add(self, group):
-            self.groups.append(group)
-            time.sleep(self.trainer.per_token * _tokens([group]))
+        def add(self, *groups):
+            self.groups.extend(groups)
+            self.trainer.sleep(_tokens(groups))
 
         def finish(self):
-            return self.trainer.figures(self.groups, self.version)
+            return self.trainer.figures(self.groups, self.version, self.stage)
 
     @staticmethod
     def why_not(stage, backend):
@@ -169,6 +220,7 @@ class StandInTrainer:
         from magic.learner.entropy import EntropyController
 
         self.per_token = per_token
+        self.busy = BusyClock(busy_file("learner"))
         self.controller = EntropyController()
         state = {"w": torch.zeros(4)}
 
@@ -181,13 +233,19 @@ class StandInTrainer:
 
         self.backend = Backend()
 
-    def train_step(self, groups, version, stage):
-        time.sleep(self.per_token * _tokens(groups))
-        return self.figures(groups, version)
+    def sleep(self, tokens: int) -> None:
+        seconds = self.per_token * tokens
+        time.sleep(seconds)
+        self.busy.add(seconds)
 
-    def figures(self, groups, version):
+    def train_step(self, groups, version, stage):
+        self.sleep(_tokens(groups))
+        return self.figures(groups, version, stage)
+
+    def figures(self, groups, version, stage):
         samples = [s for g in groups for s in g.scores]
-        mismatch = sum(1 for g in groups for s in g.rollout.samples if s.policy_version != version)
+        lags = [version - s.policy_version for g in groups for s in g.rollout.samples]
+        mismatch = sum(1 for lag in lags if not 0 <= lag <= stage.max_staleness)
         return {
             "groups": float(len(groups)),
             "distinct_groups": float(len({g.rollout.prompt.group_id for g in groups})),
@@ -197,6 +255,7 @@ class StandInTrainer:
             "reward_mean": sum(s.reward for s in samples) / max(1, len(samples)),
             "accuracy_all": sum(s.correctness for s in samples) / max(1, len(samples)),
             "version_mismatch": float(mismatch),
+            "samples_stale": float(sum(1 for lag in lags if 0 < lag <= stage.max_staleness)),
         }
 
     def save_checkpoint(self, *args, **kwargs):
@@ -299,7 +358,10 @@ def run(args) -> dict:
     server = RedisServer(maxmemory=args.maxmemory, appendfsync=args.appendfsync).start()
     r = redis.Redis.from_url(server.url)
     port = free_port()
-    base = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_LOG_LEVEL": "WARNING"}
+    busy_dir = tmp / "busy"
+    busy_dir.mkdir(exist_ok=True)
+    base = {"MAGIC_REDIS_URL": server.url, "MAGIC_DATA_DIR": str(tmp / "data"), "MAGIC_TORCH_THREADS": "1", "MAGIC_LOG_LEVEL": "WARNING",
+            "MAGIC_BENCH_BUSY_DIR": str(busy_dir)}
     sup = Supervisor(tmp / "logs", base)
     procs: list[subprocess.Popen] = []
     me = [sys.executable, str(Path(__file__).resolve()), "--generation-seconds", str(args.generation_seconds),
@@ -332,7 +394,8 @@ def run(args) -> dict:
                 raise RuntimeError("the controller did not start; logs in " + str(tmp / "logs"))
             time.sleep(0.2)
         spec = {"name": RUN, "model": str(model), "train_files": [str(data)],
-                "stages": [{"name": "paper", "steps": args.steps, "T": args.max_tokens, "D_R": args.groups, "gs": args.group_size, "lr": 1e-6}]}
+                "stages": [{"name": "paper", "steps": args.steps, "T": args.max_tokens, "D_R": args.groups, "gs": args.group_size, "lr": 1e-6,
+                                                                           "max_staleness": args.max_staleness}]}
         if args.validation_every:
             resp = api.post("/v1/datasets", json={"name": "held", "path": str(held)})
             if resp.status_code != 201:
@@ -344,16 +407,17 @@ def run(args) -> dict:
         k = keys.RunKeys(RUN)
         per_token = seconds_per_token(args.train_seconds, args.groups, args.group_size, args.max_tokens)
         print(f"D_R={args.groups} gs={args.group_size} T={args.max_tokens} steps={args.steps}; stand-in generation {args.generation_seconds}s, "
-              f"training {args.train_seconds}s ({'streamed: each group as it arrives' if args.stream else 'the whole batch at the end'}); {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
+              f"training {args.train_seconds}s ({'streamed: each group as it arrives' if args.stream else 'the whole batch at the end'}), max_staleness {args.max_staleness}; {args.rollout_workers} rollout, {args.reward_workers} reward worker(s); Redis maxmemory {args.maxmemory}, "
               f"appendfsync {args.appendfsync or '(no AOF)'}; logs {tmp / 'logs'}")
         print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'train':>6} {'sync':>6} {'other':>6} {'orch %':>7} {'redis MB':>9} {'peak MB':>8} "
-              f"{'through MB':>10} {'reward/s':>9} {'val s':>6}  streams (prompts rollouts scored events weights dead)")
+              f"{'through MB':>10} {'reward/s':>9} {'val s':>6} {'wall s':>7} {'fleet %':>7} {'learner %':>9} {'stale':>6}  streams (prompts rollouts scored events weights dead)")
         steps: list[dict] = []
         served = {}  # rollout worker -> the version it serves (the weight_versions hash): a change is one load
         before = _redis_figures(r, k)
         peak = before["used_memory"]
         status = "running"
         t_run = time.monotonic()
+        last_time, last_busy = time.time(), (0.0, 0.0)  # the previous record's time; the stand-ins' busy seconds then
         while len(steps) < args.steps:
             time.sleep(0.25)
             fig = _redis_figures(r, k)
@@ -365,9 +429,14 @@ def run(args) -> dict:
                 # generation: the stand-in fleet's time for the step (its longest response); training: the stand-in's sleep
                 generation = args.generation_seconds * rec.get("longest_response", args.max_tokens) / args.max_tokens
                 training = per_token * rec.get("tokens_trained", 0)  # the stand-in's time for this step's tokens
-                # barrier: generation then training; streaming: training overlaps generation, the step's floor is the longer of the two
-                floor = max(generation, training) if args.stream else generation + training
-                orch = max(0.0, total - floor)
+                # barrier: generation then training; streaming or s >= 1: training overlaps generation, the step's floor is the longer of the two
+                floor = max(generation, training) if args.stream or args.max_staleness else generation + training
+                # the time between two records: with s >= 1 steps overlap and `total` (publish -> record) counts the overlap twice
+                wall = rec["time"] - last_time if steps else total
+                busy = (busy_seconds(busy_dir, "rollout") / args.rollout_workers, busy_seconds(busy_dir, "learner"))
+                fleet, learner = ((b - a) / wall if wall > 0 else 0.0 for a, b in zip(last_busy, busy))
+                last_time, last_busy = rec["time"], busy
+                orch = max(0.0, (wall if args.max_staleness else total) - floor)
                 row = {
                     "step": rec["step"], "total_s": total, "rollout_s": rec["step_seconds_rollout"], "train_s": rec["step_seconds_train"],
                     "sync_s": rec["step_seconds_weight_sync"], "other_s": rec["step_seconds_other"], "orchestration_s": orch,
@@ -378,6 +447,7 @@ def run(args) -> dict:
                     "tokens": rec.get("tokens_trained", 0), "reward_samples_per_s": rec.get("samples", 0) / max(1e-9, rec["step_seconds_rollout"]),
                     # wall time of the held-out validation of this step's policy version, run before the step
                     "validation_s": (rec.get("validation") or {}).get("held", {}).get("seconds"),
+                    "wall_s": wall, "fleet_busy": min(1.0, fleet), "learner_busy": min(1.0, learner), "samples_stale": rec.get("samples_stale", 0),
                 }
                 now = {w.decode(): int(v) for w, v in r.hgetall(k.weight_versions).items()}
                 row["weight_loads"] = sum(1 for w, v in now.items() if served.get(w) != v)
@@ -387,7 +457,8 @@ def run(args) -> dict:
                 print(f"{row['step']:>4} {total:>8.2f} {row['rollout_s']:>8.2f} {row['train_s']:>6.2f} {row['sync_s']:>6.2f} {row['other_s']:>6.2f} "
                       f"{100 * row['orchestration_fraction']:>6.2f}% {row['redis_used_bytes'] / 2**20:>9.1f} {peak / 2**20:>8.1f} "
                       f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f} "
-                      f"{'-' if row['validation_s'] is None else format(row['validation_s'], '.2f'):>6}  "
+                      f"{'-' if row['validation_s'] is None else format(row['validation_s'], '.2f'):>6} {wall:>7.2f} {100 * row['fleet_busy']:>6.1f}% "
+                      f"{100 * row['learner_busy']:>8.1f}% {row['samples_stale']:>6.0f}  "
                       + " ".join(str(s[n]) for n in STREAMS), flush=True)
                 before, peak = fig, fig["used_memory"]
             status = api.get(f"/v1/runs/{RUN}").json()["status"]
@@ -407,9 +478,15 @@ def run(args) -> dict:
         mb = 2**20
         tokens = sum(s["tokens"] for s in steps) / len(steps)
         later = steps[1:] or steps  # step 0 includes the fleet's start
-        print(f"\ngeneration {sum(s['generation_s'] for s in later) / len(later):.1f}s, training {sum(s['training_s'] for s in later) / len(later):.1f}s, "
-              f"step {sum(s['total_s'] for s in later) / len(later):.1f}s a step after the first: {sum(s['over_max'] for s in later) / len(later):.2f} x "
-              f"max(generation, training), orchestration {sum(s['orchestration_s'] for s in later) / len(later):.2f}s")
+        if args.max_staleness and len(steps) >= 3:
+            later = steps[1:-1]  # the last step has no next one to overlap with
+        mean = {key: sum(s[key] for s in later) / len(later) for key in ("generation_s", "training_s", "wall_s", "total_s", "orchestration_s", "fleet_busy", "learner_busy")}
+        summary["mean_after_first"] = mean
+        print(f"\ngeneration {mean['generation_s']:.1f}s, training {mean['training_s']:.1f}s, "
+              f"{mean['wall_s']:.1f}s between step records after the first ({mean['total_s']:.1f}s from publish to record): "
+              f"{mean['wall_s'] / max(mean['generation_s'], mean['training_s'], 1e-9):.2f} x max(generation, training), "
+              f"orchestration {mean['orchestration_s']:.2f}s; rollout fleet busy {100 * mean['fleet_busy']:.0f}%, learner busy {100 * mean['learner_busy']:.0f}%; "
+              f"{3600 / mean['wall_s']:.1f} steps/h")
         print(f"{len(steps)} steps in {wall:.0f}s; Redis used {summary['redis_used_bytes_first'] / mb:.1f} MB after step 0, "
               f"{summary['redis_used_bytes_last'] / mb:.1f} MB after the last, peak {summary['redis_peak_bytes'] / mb:.1f} MB; "
               f"{sum(s['bytes_through_redis'] for s in steps) / len(steps) / mb:.0f} MB through Redis per step "
@@ -458,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generation-seconds", type=float, default=60.0, help="time the stand-in fleet takes for a group whose longest response is T tokens")
     ap.add_argument("--train-seconds", type=float, default=5.0, help="the stand-in learner's step on a batch of the expected size (it grows with the tokens)")
     ap.add_argument("--stream", action="store_true", help="the learner trains each group as it arrives (MAGIC_STREAM; default: the whole batch at the end)")
+    ap.add_argument("--max-staleness", type=int, default=0, help="s: the stage's bounded staleness (0: the recipe's barrier; 1: step k + 1 generated while step k trains)")
     ap.add_argument("--rollout-workers", type=int, default=1)
     ap.add_argument("--reward-workers", type=int, default=1)
     ap.add_argument("--reward-processes", type=int, default=0, help="verifier processes of each reward worker, MAGIC_MATH__WORKERS (0: one per core)")

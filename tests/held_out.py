@@ -49,8 +49,15 @@ def score(r, run: str, forged: str | None = None, stop_after: int | None = None)
     return n
 
 
+def run_job(job, tick):
+    """Advance a side job (`magic.controller.sidejobs`) as the driver does, `tick` between its steps."""
+    while not job.advance():
+        tick()
+    return job.result()
+
+
 def receive(v: Validation) -> None:
-    """The driver's routing of the `estimates` stream outside the difficulty estimation."""
+    """The driver's routing of the `estimates` stream (`SideJobs.route`) to the validation."""
     batch = [(e, g) for e in v.estimates.read(count=100, block_ms=None) if (g := v.estimates.decode(e, pb.ScoredGroup)) is not None]
     if batch:
         v.receive(batch)

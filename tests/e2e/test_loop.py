@@ -89,29 +89,35 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
 def test_bounded_staleness_overlaps_the_steps_of_a_stage_and_drains_at_its_end(cluster, tiny_model_dir):
     """max_staleness s = 1: step k + 1 is published while step k is out, its samples may come from
     version k and are trained (decoupled objective), each step once; the first step of the next
-    stage is never published ahead (no sample of stage j trains in stage j + 1)."""
+    stage and a step whose version is validated are never published ahead (no sample of stage j
+    trains in stage j + 1; a validation sees every worker on its version)."""
     api, sup, server, tmp = cluster
-    data = tmp / "train.jsonl"
-    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(task.make_splits(3, 0, 40, 0)["train"])])
+    data, held = tmp / "train.jsonl", tmp / "held.jsonl"
+    splits = task.make_splits(3, 0, 40, 4)
+    task.write_jsonl(data, [task.record(t, "train", i) for i, t in enumerate(splits["train"])])
+    task.write_jsonl(held, [task.record(t, "eval", i) for i, t in enumerate(splits["eval"])])
+    assert api.post("/v1/datasets", json={"name": "held", "path": str(held)}).status_code == 201
     stage = {"T": 12, "D_R": 4, "gs": 4, "lr": 1e-3, "max_staleness": 1}
     spec = {"name": "stale", "model": str(tiny_model_dir), "train_files": [str(data)],
-            "stages": [{"name": "one", "steps": 3, **stage}, {"name": "two", "steps": 3, **stage}]}
+            "stages": [{"name": "one", "steps": 3, **stage}, {"name": "two", "steps": 4, **stage}],
+            "validation": {"datasets": ["held"], "every": 4, "samples": 2}}
     resp = api.post("/v1/runs", json=spec)
     assert resp.status_code == 201, resp.text
     status = wait_for(lambda: (s := api.get("/v1/runs/stale").json())["status"] in ("finished", "failed") and s, 240, "the run", sup)
     assert status["status"] == "finished", status.get("error")
     records = api.get("/v1/runs/stale/metrics").json()
-    assert [r["step"] for r in records] == list(range(6))
+    assert [r["step"] for r in records] == list(range(7))
     assert all(r["version_mismatch"] == 0 and r["samples"] == 16 and r["samples_fresh"] + r["samples_stale"] == 16 for r in records)
-    assert records[0]["samples_stale"] == 0 and records[3]["samples_stale"] == 0  # the plan's and the stage's first steps: nothing older exists / drained
+    # the plan's first step, the first of stage "two" (3) and the validated one (4): drained, every sample of the step's own version
+    assert [records[i]["samples_stale"] for i in (0, 3, 4)] == [0, 0, 0] and "validation" in records[4]
     assert sum(r["samples_stale"] for r in records) > 0, "no step trained a sample of the previous version: nothing overlapped"
     assert all(r["version_lag_max"] <= 1 for r in records)
     log = (tmp / "logs" / "controller.log").read_text()
     ahead = sorted(int(line.split("step ")[1].split(" ")[0]) for line in log.splitlines() if "prompt groups ahead" in line)
-    assert ahead and set(ahead) <= {1, 2, 4, 5}, ahead  # never step 0 nor the first step of stage "two"
+    assert ahead and set(ahead) <= {1, 2, 5, 6}, ahead  # never step 0, the first step of stage "two" nor a validated step
     r = redis.Redis.from_url(server.url)
     k = keys.RunKeys("stale")
-    assert [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)] == [6]
+    assert [u.version for _, u in Stream(r, k.weights).read_after("0", pb.WeightUpdate)] == [7]
     assert sum(r.xlen(d) for d in k.dead_streams()) == 0
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-from held_out import held_file, receive, score
+from held_out import held_file, receive, run_job, score
 
 from magic.config.schema import DatasetSpec, RunSpec
 from magic.controller.app import create_app
@@ -48,7 +48,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     v1 = validation()
     # the first controller publishes eval 1's groups on version 2, two are scored, then it "dies"
     with pytest.raises(RuntimeError, match="died"):
-        v1.run_eval(spec, record, 2, 0, 16, tick=lambda: (score(r, "v", stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
+        run_job(v1.eval_job(spec, record, 2, 0, 16), lambda: (score(r, "v", stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
     running = runs["v"].eval("1")
     assert (running["status"], running["policy_version"], running["context_length"]) == ("running", 2, 16)  # with the groups, in one MULTI
     published, received = runs["v"].evaluation_progress("eval:1")
@@ -57,7 +57,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     # published again, and each group counts once (replays and a forged group included)
     v2 = validation()
     calls: list[int] = []
-    done = v2.run_eval(spec, running, 3, 0, 99, tick=lambda: (calls.append(1), score(r, "v", forged="eval:1:held:00000" if not calls[1:] else None), receive(v2)))
+    done = run_job(v2.eval_job(spec, running, 3, 0, 99), lambda: (calls.append(1), score(r, "v", forged="eval:1:held:00000" if not calls[1:] else None), receive(v2)))
     prompts = [p for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
     assert [p.group_id for p in prompts] == ["eval:1:held:00000", "eval:1:held:00001", "eval:1:held:00002"]
     assert all(p.kind == pb.GROUP_KIND_VALIDATE and p.policy_version == 2 and p.sampling.n == 4 and p.sampling.max_tokens == 16 for p in prompts)
@@ -73,7 +73,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     # an eval never touches the run's validation curve; a validation of the same version runs its
     # own groups with the same seeds (common random numbers) and the same figures come out
     assert runs["v"].validations() == {}
-    figures = v2.run(spec, 2, 0, 16, tick=lambda: (score(r, "v"), receive(v2)))
+    figures = run_job(v2.job(spec, 2, 0, 16), lambda: (score(r, "v"), receive(v2)))
     val = [p for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)][3:]
     assert [p.group_id for p in val] == ["val:2:held:00000", "val:2:held:00001", "val:2:held:00002"]
     assert [p.sampling.seed for p in val] == [p.sampling.seed for p in prompts]
@@ -91,7 +91,7 @@ def test_an_eval_is_published_once_counted_once_and_shares_validations_path(r, t
     # an eval whose dataset is gone fails on its own; the run goes on
     second = runs["v"].create_eval({"datasets": ["held"], "samples": 2, "max_prompts": 1})
     registry.delete("held")
-    failed = validation().run_eval(spec, second, 4, 0, 16, tick=lambda: None)
+    failed = run_job(validation().eval_job(spec, second, 4, 0, 16), lambda: None)
     assert failed["status"] == "failed" and "held" in failed["error"]
 
 

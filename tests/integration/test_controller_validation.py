@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from held_out import held_file, receive, score
+from held_out import held_file, receive, run_job, score
 
 from magic.config.schema import DatasetSpec, RunSpec
 from magic.controller.datasets import DatasetRegistry
@@ -42,14 +42,14 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     v1 = validation()
     # the first controller publishes version 2's groups, two are scored, then it "dies"
     with pytest.raises(RuntimeError, match="died"):
-        v1.run(spec, 2, 0, 16, tick=lambda: (score(r, "v", stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
+        run_job(v1.job(spec, 2, 0, 16), lambda: (score(r, "v", stop_after=2), receive(v1), (_ for _ in ()).throw(RuntimeError("died"))))
     assert r.xlen(rk.prompts) == 3
     published, received = runs["v"].evaluation_progress("validation:2")
     assert published == 3 and len(received) == 2
     # a restarted controller: publishes nothing again, rereads the pending entries (replays), counts each group once
     v2 = validation()
     calls: list[int] = []
-    figures = v2.run(spec, 2, 0, 16, tick=lambda: (calls.append(1), score(r, "v", forged="val:2:held:00000" if not calls[1:] else None), receive(v2)))
+    figures = run_job(v2.job(spec, 2, 0, 16), lambda: (calls.append(1), score(r, "v", forged="val:2:held:00000" if not calls[1:] else None), receive(v2)))
     assert r.xlen(rk.prompts) == 3
     prompts = [p for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup)]
     assert [p.group_id for p in prompts] == ["val:2:held:00000", "val:2:held:00001", "val:2:held:00002"]
@@ -74,12 +74,12 @@ def test_validation_is_published_once_counted_once_and_figures_are_exact(world):
     dead = [d for _, d in Stream(r, rk.dead_of("controller")).read_after("0", pb.DeadLetter)]
     assert len(dead) == 1 and "differs from the one the controller published" in dead[0].reason
     # the same seeds at every version (common random numbers); a finished validation is not run again
-    v2.run(spec, 4, 0, 16, tick=lambda: (score(r, "v"), receive(v2)))
+    run_job(v2.job(spec, 4, 0, 16), lambda: (score(r, "v"), receive(v2)))
     seeds = {}
     for _, p in Stream(r, rk.prompts).read_after("0", pb.PromptGroup):
         seeds.setdefault(p.prompt_uid, set()).add(p.sampling.seed)
     assert all(len(s) == 1 for s in seeds.values()) and len({s.pop() for s in seeds.values()}) == 3
-    assert v2.run(spec, 2, 0, 16, tick=lambda: pytest.fail("a finished validation ran again")) == figures
+    assert run_job(v2.job(spec, 2, 0, 16), lambda: pytest.fail("a finished validation ran again")) == figures
     # a controller restarted after both: the series show the newest stored point (version 4), not nothing
     from magic.observability import metrics as m
 

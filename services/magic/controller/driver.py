@@ -32,7 +32,9 @@ restarted controller reads them again. Every write is a `RunStore` (run state) o
 (the step contract) call, in the run store's transactions where the barrier moves.
 
 The driver's other roles live next to it: the run lease (`lease.py`), stages and online filtering
-(`plan.py`), offline difficulty estimation (`estimation.py`), held-out validation (`validation.py`).
+(`plan.py`), and the side jobs (`sidejobs.py`: one interface, run by `_run_side_job` at a step
+boundary, their scored groups routed by kind) — offline difficulty estimation (`estimation.py`),
+held-out validation and requested evaluations (`validation.py`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from magic.controller.estimation import DifficultyEstimation
 from magic.controller.events import EventInbox
 from magic.controller.plan import CurrentStage, StagePlan
 from magic.controller.settings import ControllerSettings
+from magic.controller.sidejobs import SideJob, SideJobs
 from magic.controller.stream_metrics import StreamSampler
 from magic.controller.validation import EVAL_OPEN, EvaluationTimeout, Validation, best
 from magic.observability import metrics as m
@@ -220,12 +223,13 @@ class StepDriver(threading.Thread):
         self.store.update(started_at=state.get("started_at") or time.time())
         if phase is Phase.estimate:
             self.store.update(status=RunStatus.estimating)
-            self._estimating = True
-            DifficultyEstimation(self.store, self.steps, self.estimates, self.settings).run(
-                spec, pool, k, tick=lambda: (self._check_control(), self._check_events()), wait_for_version=self.wait_for_version
-            )
+            estimation = DifficultyEstimation(self.store, self.steps, self.estimates, self.settings, spec, pool, k)
+            self.side_jobs.register(pb.GROUP_KIND_ESTIMATE, estimation)
+            try:
+                self._run_side_job(estimation)
+            finally:
+                self.side_jobs.unregister(pb.GROUP_KIND_ESTIMATE)  # a late replay of its groups is dead-lettered
             phase = Phase.publish
-            self._estimating = False
         self.store.update(status=RunStatus.running)
         while True:
             self._check_control(allow_pause=phase is Phase.publish and self.steps.record(k) is None)  # a pause waits while a step is out
@@ -261,7 +265,8 @@ class StepDriver(threading.Thread):
                 phase = Phase.sync
                 self.store.update(phase=phase)
             if phase is Phase.sync:
-                synced_at = self.wait_for_version(k + 1, ahead=self._ahead(k, pool))
+                ahead = self._ahead(k, pool)  # with s >= 1 workers load k + 1 once their groups of step k + 1 are done: a step's time
+                synced_at = self.wait_for_version(k + 1, ahead=ahead, seconds=self.settings.step_timeout_seconds if ahead else None)
                 self.record_step(k, synced_at)
                 k, phase = k + 1, Phase.publish
 
@@ -278,7 +283,9 @@ class StepDriver(threading.Thread):
         self.plan = StagePlan(self.store, self.steps, scored)
         self.validation = Validation(self.store, self.steps, self.estimates, self.datasets, self.settings)
         self.validation.restore_series()
-        self._estimating = False
+        self.side_jobs = SideJobs(self.estimates)  # the receivers of the scored groups of each side job's kind
+        self.side_jobs.register(pb.GROUP_KIND_VALIDATE, self.validation)
+        self._ahead_done = -1  # bounded staleness: the step k whose steps k + 1 ... k + s are all out
 
     # -- control: pause, resume, stop, shutdown ------------------------------------------------
 
@@ -328,9 +335,20 @@ class StepDriver(threading.Thread):
     def _validate(self, version: int, stage_index: int, context_length: int) -> None:
         """Validate policy version `version`, which every live rollout worker serves."""
         try:
-            self.validation.run(self._spec(), version, stage_index, context_length, tick=lambda: (self._check_control(), self._check_events(block_ms=200)))
+            self._run_side_job(self.validation.job(self._spec(), version, stage_index, context_length))
         except DatasetError as exc:
             raise RunFailed(f"validation: {exc}") from None
+
+    def _run_side_job(self, job: SideJob):
+        """Advance a side job (`magic.controller.sidejobs`) to its end, once every live rollout
+        worker serves its policy version, this driver's checks between its steps; returns its
+        result. (Workers that go away meanwhile hold up only the job, until its own timeout.)"""
+        if job.version is not None:
+            self.wait_for_version(job.version)
+        while not job.advance():
+            self._check_control()
+            self._check_events(block_ms=200)
+        return job.result()
 
     def _finish_plan(self, k: int) -> None:
         """The plan finished after k steps: validate the final policy (version k) too, unless the
@@ -405,7 +423,7 @@ class StepDriver(threading.Thread):
         """Serve every requested evaluation not finished yet on policy version `version`, which
         every live rollout worker serves (one started before a restart: on its own version)."""
         for record in self._open_evals():
-            self.validation.run_eval(self._spec(), record, version, stage_index, context_length, tick=lambda: (self._check_control(), self._check_events(block_ms=200)))
+            self._run_side_job(self.validation.eval_job(self._spec(), record, version, stage_index, context_length))
 
     def _idle_evals(self) -> None:
         """While the run is paused or waits for a stage (at step k, phase publish): serve the
@@ -473,6 +491,8 @@ class StepDriver(threading.Thread):
         end one (a plateau rule needs step j - 1's record), one whose version is validated, and
         while an evaluation, a pause or a stop is requested: those happen at a step boundary
         with every worker on the step's version, as with s = 0."""
+        if self._ahead_done == k:
+            return  # steps k + 1 ... k + s are out: nothing to check until step k is recorded
         spec = self._spec()
         cfg = spec.stages[stage.index]
         s = cfg.max_staleness
@@ -481,20 +501,24 @@ class StepDriver(threading.Thread):
                 continue  # published already (before a restart, too)
             done = j - stage.start  # steps of the stage before j
             plateau = cfg.plateau
-            if done >= cfg.steps or (plateau is not None and done >= max(plateau.min_steps, 2 * plateau.window)):
+            if done >= cfg.steps or (plateau is not None and done >= max(plateau.min_steps, 2 * plateau.window)) or self.validation.due(spec, j):
+                self._ahead_done = k  # not before step k is recorded, whatever happens meanwhile
                 return
-            if self.validation.due(spec, j) or self._open_evals() or self.store.requested() & {"pause", "stop"}:
+            if self._open_evals() or self.store.requested() & {"pause", "stop"}:
                 return
             if not self._serving(j - s):
                 return
             self.publish_step(j, stage, ahead=True)
+        self._ahead_done = k
 
-    def wait_for_version(self, version: int, allow_pause: bool = False, ahead: Callable[[], None] | None = None) -> float:
+    def wait_for_version(self, version: int, allow_pause: bool = False, ahead: Callable[[], None] | None = None, seconds: float | None = None) -> float:
         """Block until at least one rollout worker of this run serves `version` and none serves
         an older one; returns when that happened. A pause is honoured while waiting when
         `allow_pause` (nothing of the step is out yet); `ahead` publishes the steps bounded
-        staleness allows meanwhile."""
-        deadline = time.monotonic() + self.settings.worker_wait_seconds
+        staleness allows meanwhile; `seconds`: how long before the run fails (default
+        `worker_wait_seconds`)."""
+        seconds = seconds or self.settings.worker_wait_seconds
+        deadline = time.monotonic() + seconds
         while True:
             self._check_events()
             if ahead is not None:
@@ -505,7 +529,7 @@ class StepDriver(threading.Thread):
             if time.monotonic() > deadline:
                 workers, served = self.channels.alive("rollout"), self.steps.served_versions()
                 raise RunFailed(
-                    f"no rollout worker serves policy version {version} after {self.settings.worker_wait_seconds:.0f}s "
+                    f"no rollout worker serves policy version {version} after {seconds:.0f}s "
                     f"(live workers and versions: { {n: served.get(n, -1) for n in workers} })"
                 )
             time.sleep(0.05)
@@ -540,17 +564,7 @@ class StepDriver(threading.Thread):
         self._renew_lease()
         self.stream_sampler.maybe_sample()
         self.plan.read_scored()
-        if not self._estimating:  # validation results; estimation results outside the estimation: nobody else reads them
-            validated = []  # validations and requested evaluations
-            for entry in self.estimates.reclaim_from_others_if_due(1.0) + self.estimates.read(count=200, block_ms=None):
-                if (group := self.estimates.decode(entry, pb.ScoredGroup)) is None:
-                    continue
-                if group.rollout.prompt.kind == pb.GROUP_KIND_VALIDATE:
-                    validated.append((entry, group))
-                else:
-                    self.estimates.dead_letter(entry, "an estimation result while the run does no difficulty estimation")
-            if validated:
-                self.validation.receive(validated)
+        self.side_jobs.route()  # scored groups of the side jobs, each to the receiver of its kind
         self.events.poll(block_ms)
 
     def record_step(self, k: int, synced_at: float) -> None:

@@ -1,6 +1,7 @@
 """Held-out evaluation through the services: a run's validation curve and `magic eval --run`.
 
-One code path (`Validation.evaluate`) evaluates a policy version on registered datasets:
+One code path (`Evaluation`, a side job: `magic.controller.sidejobs`) evaluates a policy version on
+registered datasets:
 
     publish every prompt as a GROUP_KIND_VALIDATE group (n = samples, tau, T), tagged with the
         version, in one transaction
@@ -13,13 +14,13 @@ One code path (`Validation.evaluate`) evaluates a policy version on registered d
 
 Two callers, two scopes (`Scope`: where the groups' digests and the outcomes are kept):
 
-- step validation (`run`): before step k when k % `validation.every` == 0, and once more for the
+- step validation (`Validation.job`): before step k when k % `validation.every` == 0, and once more for the
   final policy when the plan finishes; group ids `val:<version>:<dataset>:<index>`; the figures
   are stored under version k, exported as the magic_validation_* series and merged into step k's
   record (`metrics.jsonl`); the samples of the first `dump_prompts` prompts of each dataset are
   appended as they come to a partial file on the data volume (never to Redis), which becomes
   `generations/step-<k>.jsonl` (a replay's copies dropped, in prompt order) once all are in;
-- requested evaluations (`run_eval`, POST /v1/runs/{run}/evals): served by the driver at the
+- requested evaluations (`Validation.eval_job`, POST /v1/runs/{run}/evals): served by the driver at the
   next step boundary, or at once while the run is paused or waits for a stage, on the version the
   rollout workers serve then; group ids `eval:<id>:<dataset>:<index>`; the figures go into the
   eval's record (GET /v1/runs/{run}/evals/{id}), not into the step records or the series.
@@ -48,6 +49,7 @@ from magic.config.schema import EvalConfig, RunSpec, ValidationConfig
 from magic.controller.datasets import DatasetError, DatasetRegistry, PromptRecord, group_seed, prompt_group
 from magic.controller.errors import RunFailed
 from magic.controller.settings import ControllerSettings
+from magic.controller.sidejobs import Done, SideJob
 from magic.evaluation import PromptOutcome, summarise
 from magic.observability import metrics as m
 from magic.protocol.layout import checkpoint_name
@@ -206,7 +208,8 @@ def export(figures: dict[str, dict], version: int) -> None:
 
 class Validation:
     """Evaluates policy versions of run `store.run_id` through the rollout and reward services:
-    the run's validation (`run`) and requested evaluations (`run_eval`), both by `evaluate`."""
+    the run's validation (`job`) and requested evaluations (`eval_job`), both an `Evaluation`; the
+    receiver of the scored GROUP_KIND_VALIDATE groups (`receive`)."""
 
     def __init__(self, store: RunStore, steps: StepStore, estimates: ConsumerGroup, datasets: DatasetRegistry, settings: ControllerSettings):
         self.run_id = store.run_id
@@ -234,50 +237,9 @@ class Validation:
             self._prompts[key] = rows
         return self._prompts[key]
 
-    def evaluate(
-        self, scope: Scope, cfg: EvalConfig, seed: int, stage_index: int, t: int, tick: Callable[[], None],
-        on_publish: Callable[[object], None] | None = None,
-    ) -> dict[str, dict]:
-        """Evaluate policy version `scope.version` (the rollout workers serve it) with T = `t` and
-        return its figures per dataset; `tick` is the driver's (control requests, events — which
-        feed `receive` —, the lease); `on_publish(tx)` adds writes to the MULTI that publishes."""
-        rows = self.prompts(cfg)
-        published, _ = self.store.evaluation_progress(scope.key)
-        if not published:
-            groups = []
-            for i, (d, name, rec) in enumerate(rows):
-                sampling = pb.SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=t, seed=group_seed(seed, -2 - d, i))
-                groups.append(prompt_group(self.run_id, rec, f"{scope.prefix}:{name}:{i:05d}", scope.version, stage_index, pb.GROUP_KIND_VALIDATE, sampling))
-            with self.store.transaction() as tx:
-                self.steps.publish_groups(tx, scope.key, groups)
-                self.store.evaluation_published(tx, scope.key, len(groups))
-                if on_publish is not None:
-                    on_publish(tx)
-            log.info("run %s: %s: policy version %d on %s: %d prompts x %d samples, T=%d", self.run_id, scope.key, scope.version, ",".join(cfg.datasets), len(rows), cfg.samples, t)
-        started = time.monotonic()
-        while True:
-            published, received = self.store.evaluation_progress(scope.key)
-            if len(received) >= published:
-                break
-            if time.monotonic() - started > self.settings.step_timeout_seconds:
-                raise EvaluationTimeout(f"{scope.key} (policy version {scope.version}): {len(received)}/{published} prompt groups scored after {self.settings.step_timeout_seconds:.0f}s")
-            tick()
-        outcomes: dict[str, list[PromptOutcome]] = {name: [] for name in cfg.datasets}
-        sources: dict[str, list[str]] = {name: [] for name in cfg.datasets}
-        for raw in received.values():
-            o = json.loads(raw)
-            outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"]), tuple(o.get("answers", ()))))
-            sources[o["dataset"]].append(o.get("data_source", ""))
-        figures = figures_by_dataset(outcomes, cfg.k, sources)
-        for f in figures.values():
-            f["seconds"] = time.monotonic() - started  # wall time of this evaluation, all datasets together
-            # what a reader of the record needs beside n and k: T, tau, top-p and the version evaluated
-            f.update(T=t, temperature=cfg.temperature, top_p=cfg.top_p, policy_version=scope.version)
-        log.info(
-            "run %s: %s: policy version %d: %s", self.run_id, scope.key, scope.version,
-            "; ".join(f"{n} avg@{f['samples']} {f['avg_at_n']:.3f} pass@{f['k']} {f['pass_at_k']:.3f}" for n, f in figures.items()),
-        )
-        return figures
+    def evaluation(self, scope: Scope, cfg: EvalConfig, seed: int, stage_index: int, t: int, on_publish: Callable[[object], None] | None = None) -> "Evaluation":
+        """The side job that evaluates policy version `scope.version` with T = `t` (see `Evaluation`)."""
+        return Evaluation(self, scope, cfg, seed, stage_index, t, on_publish)
 
     def _dumped(self) -> dict[str, int]:
         """{dataset: the global group index up to which its prompts' samples are dumped}: the first
@@ -298,16 +260,19 @@ class Validation:
             version = max(done)
             export(done[version], version)
 
-    def run(self, spec: RunSpec, version: int, stage_index: int, context_length: int, tick: Callable[[], None]) -> dict[str, dict]:
-        """Validate policy version `version` with the run's validation block (T: its own or the
-        stage's `context_length`); store, export and return the figures. A validation already
-        finished is returned as stored."""
+    def job(self, spec: RunSpec, version: int, stage_index: int, context_length: int) -> SideJob:
+        """The side job that validates policy version `version` with the run's validation block
+        (T: its own or the stage's `context_length`); its result, the figures, is stored and
+        exported. A validation already finished is done at once with the stored figures."""
         cfg = spec.validation
         assert cfg is not None
         if (done := self.store.validation(version)) is not None:
-            return done
-        scope = Scope.validation(version)
-        figures = self.evaluate(scope, cfg, spec.seed, stage_index, cfg.context_length or context_length, tick)
+            return Done(done)
+        return self.evaluation(Scope.validation(version), cfg, spec.seed, stage_index, cfg.context_length or context_length).then(
+            lambda figures: self._finish_validation(version, cfg, figures)
+        )
+
+    def _finish_validation(self, version: int, cfg: ValidationConfig, figures: dict[str, dict]) -> dict[str, dict]:
         if cfg.dump_prompts:  # before `finish_validation`: a controller restarted meanwhile finishes the same file
             path = generations_path(self.store.run_dir, version)
             rows = finish_generations(generations_path(self.store.run_dir, version, partial=True), path)
@@ -316,27 +281,32 @@ class Validation:
         export(figures, version)
         return figures
 
-    def run_eval(self, spec: RunSpec, record: dict, version: int, stage_index: int, context_length: int | None, tick: Callable[[], None]) -> dict:
-        """Serve requested evaluation `record` (pending: on policy version `version`, T its own or
-        `context_length`; running: on the version and T it started with) and store its end: the
-        figures, or why it failed (a dataset gone, groups not scored in time). The run goes on
-        either way; a failure of the run itself (a worker error, a stop) propagates."""
+    def eval_job(self, spec: RunSpec, record: dict, version: int, stage_index: int, context_length: int | None) -> SideJob:
+        """The side job that serves requested evaluation `record` (pending: on policy version
+        `version`, T its own or `context_length`; running: on the version and T it started with)
+        and stores its end: the figures, or why it failed (a dataset gone, groups not scored in
+        time) — its result is the eval's record either way. The run goes on; a failure of the
+        run itself (a worker error, a stop) is the driver's."""
         eval_id = record["id"]
         cfg = EvalConfig.model_validate(record["config"])
         if record["status"] == "running":
             version, t = int(record["policy_version"]), int(record["context_length"])
         else:
             t = cfg.context_length or context_length
-        try:
-            if t is None:
-                raise DatasetError("no T: the run has no stage yet and the eval gives no context_length")
-            figures = self.evaluate(Scope.eval(eval_id, version), cfg, spec.seed, stage_index, t, tick, on_publish=lambda tx: self.store.start_eval(tx, record, version, t))
-        except (DatasetError, EvaluationTimeout) as exc:
+
+        def failed(exc: Exception) -> dict:
             log.warning("run %s: eval %s failed: %s", self.run_id, eval_id, exc)
             self.store.end_eval(eval_id, error=str(exc))
             return self.store.eval(eval_id) or {}
-        self.store.end_eval(eval_id, figures)
-        return self.store.eval(eval_id) or {}
+
+        def done(figures: dict[str, dict]) -> dict:
+            self.store.end_eval(eval_id, figures)
+            return self.store.eval(eval_id) or {}
+
+        if t is None:
+            return Done(failed(DatasetError("no T: the run has no stage yet and the eval gives no context_length")))
+        job = self.evaluation(Scope.eval(eval_id, version), cfg, spec.seed, stage_index, t, on_publish=lambda tx: self.store.start_eval(tx, record, version, t))
+        return job.then(done, on_error=failed)
 
     def receive(self, batch: list[tuple[Entry, pb.ScoredGroup]]) -> None:
         """Store the outcomes of scored held-out groups (from the `estimates` stream), then
@@ -372,3 +342,96 @@ class Validation:
         for scope, outcomes in by_scope.items():
             self.store.record_evaluation_outcomes(scope, outcomes)
         self.estimates.ack(*(entry.id for entry, _ in batch))
+
+
+class Evaluation:
+    """One evaluation of a policy version through the rollout and reward services, as a side job
+    (`magic.controller.sidejobs`):
+
+        advance: publish every prompt as a GROUP_KIND_VALIDATE group (n = samples, tau, T), tagged
+                 with the version, in one transaction (once: the published count is in Redis);
+                 then: done once every group's outcome is stored (`Validation.receive`)
+        result:  per dataset avg@n, maj@n, pass@k with its CI, mean length, truncated share
+
+    Raises `EvaluationTimeout` from `advance` when not every group is scored within the step
+    timeout, `DatasetError` when a dataset cannot be read; `then` chains what its result becomes
+    (stored as a validation, or as an eval's record)."""
+
+    def __init__(self, validation: Validation, scope: Scope, cfg: EvalConfig, seed: int, stage_index: int, t: int, on_publish: Callable[[object], None] | None = None):
+        self.v, self.scope, self.cfg, self.seed, self.stage_index, self.t, self.on_publish = validation, scope, cfg, seed, stage_index, t, on_publish
+        self.version = scope.version
+        self.started: float | None = None
+        self._received: dict[str, str] = {}
+        self._then: Callable[[dict[str, dict]], object] | None = None
+        self._on_error: Callable[[Exception], object] | None = None
+        self._failed: object = None
+        self._is_failed = False
+
+    def then(self, done: Callable[[dict[str, dict]], object], on_error: Callable[[Exception], object] | None = None) -> "Evaluation":
+        """`done(figures)` becomes the result; with `on_error`, a dataset that cannot be read or a
+        timeout ends the job with `on_error(exc)` as its result instead of raising."""
+        self._then, self._on_error = done, on_error
+        return self
+
+    def advance(self) -> bool:
+        try:
+            return self._advance()
+        except (DatasetError, EvaluationTimeout) as exc:
+            if self._on_error is None:
+                raise
+            self._failed, self._is_failed = self._on_error(exc), True
+            return True
+
+    def _advance(self) -> bool:
+        store, scope = self.v.store, self.scope
+        if self.started is None:
+            self.started = time.monotonic()
+            published, _ = store.evaluation_progress(scope.key)
+            if not published:
+                self._publish()
+        published, received = store.evaluation_progress(scope.key)
+        if len(received) >= published:
+            self._received = received
+            return True
+        if time.monotonic() - self.started > self.v.settings.step_timeout_seconds:
+            raise EvaluationTimeout(f"{scope.key} (policy version {scope.version}): {len(received)}/{published} prompt groups scored after {self.v.settings.step_timeout_seconds:.0f}s")
+        return False
+
+    def _publish(self) -> None:
+        v, scope, cfg = self.v, self.scope, self.cfg
+        rows = v.prompts(cfg)
+        groups = []
+        for i, (d, name, rec) in enumerate(rows):
+            sampling = pb.SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=self.t, seed=group_seed(self.seed, -2 - d, i))
+            groups.append(prompt_group(v.run_id, rec, f"{scope.prefix}:{name}:{i:05d}", scope.version, self.stage_index, pb.GROUP_KIND_VALIDATE, sampling))
+        with v.store.transaction() as tx:
+            v.steps.publish_groups(tx, scope.key, groups)
+            v.store.evaluation_published(tx, scope.key, len(groups))
+            if self.on_publish is not None:
+                self.on_publish(tx)
+        log.info("run %s: %s: policy version %d on %s: %d prompts x %d samples, T=%d", v.run_id, scope.key, scope.version, ",".join(cfg.datasets), len(rows), cfg.samples, self.t)
+
+    def result(self) -> object:
+        if self._is_failed:
+            return self._failed
+        figures = self._figures()
+        return self._then(figures) if self._then is not None else figures
+
+    def _figures(self) -> dict[str, dict]:
+        cfg, scope = self.cfg, self.scope
+        outcomes: dict[str, list[PromptOutcome]] = {name: [] for name in cfg.datasets}
+        sources: dict[str, list[str]] = {name: [] for name in cfg.datasets}
+        for raw in self._received.values():
+            o = json.loads(raw)
+            outcomes[o["dataset"]].append(PromptOutcome(tuple(o["correct"]), tuple(o["lengths"]), tuple(o["truncated"]), tuple(o.get("answers", ()))))
+            sources[o["dataset"]].append(o.get("data_source", ""))
+        figures = figures_by_dataset(outcomes, cfg.k, sources)
+        for f in figures.values():
+            f["seconds"] = time.monotonic() - (self.started or time.monotonic())  # wall time of this evaluation, all datasets together
+            # what a reader of the record needs beside n and k: T, tau, top-p and the version evaluated
+            f.update(T=self.t, temperature=cfg.temperature, top_p=cfg.top_p, policy_version=scope.version)
+        log.info(
+            "run %s: %s: policy version %d: %s", self.v.run_id, scope.key, scope.version,
+            "; ".join(f"{n} avg@{f['samples']} {f['avg_at_n']:.3f} pass@{f['k']} {f['pass_at_k']:.3f}" for n, f in figures.items()),
+        )
+        return figures

@@ -48,7 +48,8 @@ class RolloutBatchStats:
     samples_fresh: int
     """Samples of the step's own version k."""
     samples_stale: int
-    """Samples of versions k - s ... k - 1 (bounded staleness, s >= 1): trained with the decoupled objective."""
+    """Samples of versions k - s ... k - 1 (bounded staleness, s >= 1): trained with the decoupled
+    objective (unless their group is rejected, as any group without reward spread)."""
     version_lag_max: int
     """The largest k - version among the batch's samples (0 on-policy)."""
     reward_mean: float
@@ -99,10 +100,12 @@ def of_version(group: pb.ScoredGroup, version: int, staleness: int = 0) -> bool:
     return len(samples) >= 2 and all(0 <= version - s.policy_version <= staleness and s.finish_reason != pb.FINISH_REASON_ABORT for s in samples)
 
 
-def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConfig) -> tuple[list[list[Sequence]], dict[str, float]]:
+def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConfig, layout: bool = True) -> tuple[list[list[Sequence]], dict[str, float]]:
     """Advantages over the rollout batch, rejection of groups without reward spread
     (`core_algos.rejected_groups`); returns the kept groups' training sequences (one list per
-    group, each marked `stale` when an older version generated it) and metrics."""
+    group, each marked `stale` when an older version generated it) and metrics. `layout` False:
+    the figures alone, each kept group an empty list (the streamed step laid its sequences out
+    as they came: nothing of the batch's token count is left to do at its end)."""
     kept_groups, dropped = [], 0
     for g in groups:
         if of_version(g, version, stage.max_staleness):
@@ -130,10 +133,13 @@ def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConf
     for i, g in enumerate(kept_groups):
         if bool(zero[i]):
             continue
+        n = len(g.rollout.samples)
+        trained_adv.extend(adv[i, :n].tolist())
+        if not layout:
+            out.append([])
+            continue
         prompt = list(g.rollout.prompt_ids)
-        seqs = [Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), float(a), stale=s.policy_version != version) for s, a in zip(g.rollout.samples, adv[i].tolist())]
-        out.append(seqs)
-        trained_adv.extend(adv[i, : len(seqs)].tolist())
+        out.append([Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), float(a), stale=s.policy_version != version) for s, a in zip(g.rollout.samples, adv[i].tolist())])
     a = torch.tensor(trained_adv) if trained_adv else torch.zeros(1)
     metrics.update(
         zero_adv_group_ratio=float(zero.sum()) / len(kept_groups),

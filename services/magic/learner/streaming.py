@@ -177,7 +177,7 @@ class StreamingStep:
         trainer, stage, ent_cfg = self.trainer, self.stage, self.stage.entropy
         t0 = time.perf_counter()
         control = trainer.controller
-        kept, metrics = build_sequences(self.groups, self.version, stage)  # the barrier's own bookkeeping: rejections, advantage figures
+        kept, metrics = build_sequences(self.groups, self.version, stage, layout=False)  # the barrier's own bookkeeping: rejections, advantage figures
         metrics.update(batch_stats(self.groups, self.version, stage.max_staleness).metrics(), entropy_target=ent_cfg.target, entropy_coef=control.current(ent_cfg), n_sgd=1.0)
         if len(kept) != self.kept_groups:
             raise RuntimeError(f"streamed {self.kept_groups} groups, the batch keeps {len(kept)}")

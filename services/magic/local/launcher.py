@@ -192,8 +192,10 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         sup.start("controller", "magic.controller", {"MAGIC_REDIS_URL": urls["controller"], "MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
         # the learner trains each step's batch once it is whole: streamed (each group as it comes,
         # MAGIC_STREAM) it would run beside the rollout's generation on the same two cores, and four
-        # torch threads on two cores made a step 2-9x slower (docs/benchmarks.md)
-        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2", "MAGIC_STREAM": "false"})
+        # torch threads on two cores made a step 2-9x slower (docs/benchmarks.md); MAGIC_STREAM=true in
+        # the environment streams all the same (to compare)
+        stream = os.environ.get("MAGIC_STREAM", "false")
+        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2", "MAGIC_STREAM": stream})
         for i in range(args.rollout_workers):
             sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_REDIS_URL": urls["rollout"], **rollout_env})
         for i in range(args.reward_workers):
@@ -242,7 +244,8 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     final = [final_validation_record(len(records), {HELDOUT: validations[len(records)]})] if len(records) in validations else []
     metrics_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records + final))  # the final policy's validation last, as the controller's
     plot = plot_run(records, out / "run.png", before.as_dict() if before else None, after.as_dict() if after else None, validations)
-    mismatches = int(sum(r.get("version_mismatch", 0) for r in records))
+    mismatches = int(sum(r.get("version_mismatch", 0) for r in records))  # outside the step's version window: never trained
+    stale = int(sum(r.get("samples_stale", 0) for r in records))  # of an older version within max_staleness: trained, decoupled
     summary = {
         "steps": len(records),
         "stages": sorted({r["stage_name"] for r in records}),
@@ -253,13 +256,15 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         "validation": {str(v): f for v, f in sorted(validations.items())},  # in-run: policy version -> figures
         "best": best,
         "version_mismatches": mismatches,
+        "samples_stale": stale,
         "engine": args.engine,
         "transport": args.transport,
         "wall_seconds": time.time() - t_start,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n=== MAGIC local run ===")
-    print(f"steps: {len(records)} over stages {', '.join(summary['stages'])}; samples trained at a different policy version: {mismatches}")
+    print(f"steps: {len(records)} over stages {', '.join(summary['stages'])}; samples dropped for their policy version: {mismatches}"
+          + (f"; samples trained from the previous version(s) (max_staleness): {stale}" if stale else ""))
     if before and after:
         print(f"held-out accuracy: {before.avg_at_n:.1%} -> {after.avg_at_n:.1%} ({100 * (after.avg_at_n - before.avg_at_n):+.1f} points)")
     print(f"metrics: {metrics_path}\nplot:    {plot}\nlogs:    {out / 'logs'}\nwall time: {summary['wall_seconds']:.0f}s")

@@ -105,6 +105,7 @@ class RolloutWorker(Worker):
         self._work: dict[str, _Work] = {}  # entry id -> group in the engine
         self._held: list[tuple[Entry, pb.PromptGroup]] = []  # waiting for a newer version
         self._deferred_load: int | None = None  # a newer version announced, loaded once the groups in flight are done
+        self._pending: list[pb.WeightUpdate] = []  # announcements checked and not loaded yet
         self._stolen_ids: set[str] = set()  # claimed from a straggling worker, not yet submitted
         self._group_size = settings.max_batch_sequences  # gs of the last group seen (until then: pull one group)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -281,12 +282,11 @@ class RolloutWorker(Worker):
     # -- weights -----------------------------------------------------------------------------
 
     def sync_weights(self, block_ms: int = 0) -> None:
-        """Hand new announcements to the receiver; record and announce the version it loads."""
+        """Hand new announcements to the receiver; record and announce the version it loads. Each
+        announcement is checked once, as it is read, and kept (`_pending`) until it is loaded:
+        while groups of a later step are in flight (bounded staleness: they finish with the
+        weights they started with) or while a load is retried."""
         updates = self.weights.read_after(self._weights_cursor, pb.WeightUpdate, block_ms=block_ms or None, poison=self._poisoned_weights)
-        if not updates:
-            return
-        read_to = updates[-1][0]
-        valid = []
         for entry_id, u in updates:  # authenticated: this run's learner, a lease epoch that exists and is current
             problem = self.steps.announcement_problem(u, self._newest_epoch)
             newest = max(self.engine.version, self._newest_version)
@@ -297,13 +297,13 @@ class RolloutWorker(Worker):
                 continue
             self._newest_epoch = max(self._newest_epoch, u.epoch)
             self._newest_version = max(self._newest_version, u.version)
-            valid.append((entry_id, u))
-        updates = valid
-        if not updates:
-            self._weights_cursor = read_to
+            self._pending.append(u)
+        if updates:
+            self._weights_cursor = updates[-1][0]
+        if not self._pending:
             return
         before, t0 = self.engine.version, time.perf_counter()
-        batch = [u for _, u in updates]
+        batch = list(self._pending)
         newest = max(u.version for u in batch)
         if self._work and newest > before:
             self._abort_superseded(newest)
@@ -311,7 +311,7 @@ class RolloutWorker(Worker):
                 if self._deferred_load != newest:
                     log.info("v%d announced: loaded once the %d groups in flight at v%d are done", newest, len(self._work), before)
                 self._deferred_load = newest
-                return  # the cursor stays: the announcements are read again next poll
+                return
         self._deferred_load = None
         try:
             self.receiver.receive_batch(batch, self.engine)
@@ -321,12 +321,12 @@ class RolloutWorker(Worker):
             if self._weight_failures < WEIGHT_RETRIES:
                 log.warning("weights not loadable yet (attempt %d): %s", self._weight_failures, exc)
                 time.sleep(1.0)
-                return  # the cursor stays: the same announcements are retried
+                return  # kept: the same announcements are retried
             # the announced bytes are gone or damaged (a half-written or cut file on the volume):
             # no worker can serve that version, so the run fails now, saying so, rather than stall
             raise WeightIntegrityError(f"the announced weights cannot be loaded after {self._weight_failures} attempts: {exc}") from None
+        self._pending = []
         self._weight_failures = 0
-        self._weights_cursor = read_to
         if self.engine.version != before:
             self._loaded(self.engine.version, time.perf_counter() - t0, batch[-1].transport)
 

@@ -98,7 +98,12 @@ def best_validation(c: Controller, run_id: str, spec: RunSpec) -> dict | None:
 
 
 def throughput(records: list[dict]) -> Throughput:
+    """Over the recent `records`: from the first one's publication to the last one's record (its
+    `time`), so steps that overlap (bounded staleness: publish to record spans the previous step's
+    training too) count once; the sum of the steps' durations when a record has no time."""
     seconds = sum(r.get("step_seconds_total") or 0.0 for r in records)
+    if records and all(isinstance(r.get("time"), (int, float)) for r in records):
+        seconds = min(seconds, records[-1]["time"] - records[0]["time"] + (records[0].get("step_seconds_total") or 0.0))
     if not records or seconds <= 0:
         return Throughput()
     samples = sum(r.get("samples") or 0.0 for r in records)
