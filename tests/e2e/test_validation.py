@@ -143,7 +143,8 @@ def test_validation_every_5_steps_matches_a_recomputation_from_the_scored_sample
         # checkpoints: stage a's end (after 4 steps), each new best (by avg@n), the plan's end; the best kept
         values = {v: stored[str(v)]["held"]["avg_at_n"] for v in (0, 5, 7)}
         best = max(values, key=lambda v: (values[v], -v))  # the first of equals
-        assert view["best"] == {"policy_version": best, "by": "avg_at_n", "value": values[best], "checkpoint": f"step-{best:08d}" if best else None}
+        assert view["best"] == {"policy_version": best, "by": "avg_at_n", "value": values[best], "checkpoint": f"step-{best:08d}" if best else None,
+                                "checkpoint_written": best > 0}
         ckpts = sorted((tmp_path / "data" / "runs" / "val" / "checkpoints").glob("step-*/COMPLETE"))
         names = [c.parent.name for c in ckpts]
         assert "step-00000007" in names and (best == 0 or f"step-{best:08d}" in names) and set(names) <= {"step-00000004", "step-00000005", "step-00000007"}

@@ -11,15 +11,16 @@
         [evals]     requested evaluations (POST /v1/runs/{run}/evals) of version k; while the
                     run is paused or waits for a stage they are served at once
         publish D_R prompt groups tagged (step k, version k, the stage's T, gs, tau)
-            (with a checkpoint request when a stage just ended or version k validated best yet)
+            (with a checkpoint request when a stage just ended or version k validated best yet;
+            nothing to do if step k was published ahead)
         wait for the learner's StepCompleted(k): it trained and published k+1   (rollout)
         wait until every live rollout worker serves version k + 1          (sync)
+            [ahead]  meanwhile, with bounded staleness (the stage's max_staleness s >= 1, off-
+                     policy by at most s versions): publish steps k+1 ... k+s, step j once every
+                     live worker serves version j - s, its samples from versions j - s ... j;
+                     never across a stage boundary, a validation or a requested evaluation
+                     (`_publish_ahead`)
         record step k's figures (learner metrics + phase timings) in Redis and the JSONL log
-
-    Bounded staleness (the stage's max_staleness s >= 1, off-policy by at most s versions): while
-    step k is out (rollout, sync), publish steps k+1 ... k+s, step j once every live worker serves
-    version j - s; its samples may come from versions j - s ... j (`_publish_ahead`). The
-    pipeline drains before a stage boundary, a validation and a requested evaluation.
 
 Restarts. The barrier position (step k, phase) lives in the run's state hash and moves only in
 the MULTI/EXEC transaction that performs the phase's effect: the prompts of step k are
@@ -479,10 +480,11 @@ class StepDriver(threading.Thread):
     def _ahead(self, k: int, pool) -> Callable[[], None] | None:
         """While step k is out: what publishes the steps after it that bounded staleness allows
         (`StageConfig.max_staleness` s >= 1; None with s = 0, the recipe's barrier)."""
-        stage = self.plan.stage_for(self._spec(), k, pool)  # step k's stage: it was published in it
-        if stage is None or self._spec().stages[stage.index].max_staleness == 0:
-            return None
-        return lambda: self._publish_ahead(k, stage)
+        spec, index = self._spec(), int(self.store.state().get("stage", -1))
+        if not 0 <= index < len(spec.stages) or spec.stages[index].max_staleness == 0:
+            return None  # s = 0 (the recipe): nothing more to look at
+        stage = self.plan.stage_for(spec, k, pool)  # step k's stage: it was published in it
+        return None if stage is None else lambda: self._publish_ahead(k, stage)
 
     def _publish_ahead(self, k: int, stage: CurrentStage) -> None:
         """Publish step j = k + 1 ... k + s while step k is out, each once every live rollout

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from magic.learner.backends import PUBLISH_BUCKET_BYTES
 from magic.learner.loading import SafetensorsFile
-from magic.protocol.layout import checkpoint_name
+from magic.protocol.layout import CHECKPOINT_MANIFEST, checkpoint_name
 from magic.runtime.files import fsync_path, fsync_tree, sha256_hex, write_durably
 from magic.weights.base import StateBuckets
 from magic.weights.filesystem import write_safetensors
@@ -52,7 +52,7 @@ EMA_REFERENCE_FILE = "ema_reference.safetensors"
 """The EMA reference policy's weights in a checkpoint (present when a stage used one)."""
 TRAINER_STATE_FILE = "trainer_state.json"
 """The policy version, the last step trained and the entropy controller's state."""
-COMPLETE = "COMPLETE"
+COMPLETE = CHECKPOINT_MANIFEST
 """Written last: a checkpoint without it is never loaded."""
 
 

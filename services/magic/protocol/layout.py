@@ -4,6 +4,10 @@ controller's API, `magic export` and `magic eval --local` name or find them."""
 from __future__ import annotations
 
 
+CHECKPOINT_MANIFEST = "COMPLETE"
+"""The file a checkpoint directory is complete with (written last: every file's size and digest)."""
+
+
 def checkpoint_name(version: int) -> str:
     """The directory of the checkpoint of policy version `version` (the policy after `version`
     training steps) under DATA_DIR/runs/<run>/checkpoints/.

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from magic.config.schema import RunSpec
 from magic.controller.api.deps import Controller, spec_or_404
 from magic.controller.validation import best
-from magic.protocol.layout import checkpoint_name
+from magic.protocol.layout import CHECKPOINT_MANIFEST, checkpoint_name
 from magic.protocol.status import Phase, RunStatus
 
 THROUGHPUT_STEPS = 10
@@ -65,7 +65,8 @@ class RunView(BaseModel):
     best: dict | None = None
     """The best validation by `validation.best_by`: {"policy_version": v, "by": best_by, "value": x,
     "checkpoint": "step-<v>" (the learner is asked to write it and keep it whatever its age; None
-    when the initial model is best)}."""
+    when the initial model is best), "checkpoint_written": whether it is complete on the data
+    volume yet (it is written in the background at the step boundary after the validation)}."""
     spec: RunSpec
 
 
@@ -94,7 +95,9 @@ def best_validation(c: Controller, run_id: str, spec: RunSpec) -> dict | None:
     if top is None:
         return None
     version, value = top
-    return {"policy_version": version, "by": spec.validation.best_by, "value": value, "checkpoint": checkpoint_name(version) if version > 0 else None}
+    name = checkpoint_name(version) if version > 0 else None
+    written = name is not None and (c.runs[run_id].run_dir / "checkpoints" / name / CHECKPOINT_MANIFEST).is_file()
+    return {"policy_version": version, "by": spec.validation.best_by, "value": value, "checkpoint": name, "checkpoint_written": written}
 
 
 def throughput(records: list[dict]) -> Throughput:
