@@ -63,6 +63,7 @@ def _line(r: dict) -> str:
         f"reward {r['reward_mean']:.3f}  acc {r['accuracy_all']:.3f}  entropy {'-' if entropy is None else f'{entropy:.3f}'}  "
         f"truncated {r['response_clip_ratio']:.2f}  len {r['response_length_mean']:.1f}  "
         f"step {r['step_seconds_total']:.1f}s (rollout {r['step_seconds_rollout']:.1f}s, train {r['step_seconds_train']:.1f}s)"
+        + (f"  stale {r['samples_stale']:.0f}" if r.get("samples_stale") else "")  # max_staleness: samples of the previous version(s)
     )
 
 
@@ -180,7 +181,13 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     api_port = free_port()
     base_env = {"MAGIC_DATA_DIR": str(out / "data"), "MAGIC_LOG_LEVEL": "INFO"}
     base_env |= transport_env(args.transport)
-    rollout_env = {"MAGIC_TORCH_THREADS": "2"} | engine_env(args.engine)
+    # generation and training run in turn (the recipe's barrier): each uses both cores; where they
+    # overlap (streaming, bounded staleness), four torch threads on two cores made a step 2-9x
+    # slower (docs/benchmarks.md), so each gets one core
+    stream = os.environ.get("MAGIC_STREAM", "false")
+    overlap = stream.lower() in ("1", "true", "yes") or any(s.max_staleness for s in stages)
+    threads = "1" if overlap else "2"
+    rollout_env = {"MAGIC_TORCH_THREADS": threads} | engine_env(args.engine)
     sup = Supervisor(out / "logs", base_env)
     token = secrets.token_urlsafe(24)  # the API is on loopback, but mutating calls still need it
     judge_port, judge_token = free_port(), secrets.token_urlsafe(24)  # the code judge's own token
@@ -190,12 +197,10 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
         # in its log and code answers are judged error; math is unaffected.
         sup.start("codejudge", "magic.codejudge", {"MAGIC_JUDGE_PORT": str(judge_port), "MAGIC_API_TOKEN": judge_token})
         sup.start("controller", "magic.controller", {"MAGIC_REDIS_URL": urls["controller"], "MAGIC_PORT": str(api_port), "MAGIC_API_TOKEN": token})
-        # the learner trains each step's batch once it is whole: streamed (each group as it comes,
-        # MAGIC_STREAM) it would run beside the rollout's generation on the same two cores, and four
-        # torch threads on two cores made a step 2-9x slower (docs/benchmarks.md); MAGIC_STREAM=true in
-        # the environment streams all the same (to compare)
-        stream = os.environ.get("MAGIC_STREAM", "false")
-        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": "2", "MAGIC_STREAM": stream})
+        # the learner trains each step's batch once it is whole (MAGIC_STREAM=false): streamed beside the
+        # rollout's generation on the same two cores it only slows the step (docs/benchmarks.md);
+        # MAGIC_STREAM=true in the environment streams all the same (to compare)
+        sup.start("learner", "magic.learner", {"MAGIC_REDIS_URL": urls["learner"], "MAGIC_TORCH_THREADS": threads, "MAGIC_STREAM": stream})
         for i in range(args.rollout_workers):
             sup.start(f"rollout-{i}", "magic.rollout", {"MAGIC_REDIS_URL": urls["rollout"], **rollout_env})
         for i in range(args.reward_workers):
