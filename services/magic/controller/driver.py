@@ -51,7 +51,7 @@ from magic.controller.datasets import DatasetError, DatasetRegistry, group_seed,
 from magic.controller.errors import RunFailed
 from magic.controller.estimation import DifficultyEstimation
 from magic.controller.events import EventInbox
-from magic.controller.plan import CurrentStage, StagePlan
+from magic.controller.plan import CurrentStage, StagePlan, may_end
 from magic.controller.settings import ControllerSettings
 from magic.controller.sidejobs import SideJob, SideJobs
 from magic.controller.stream_metrics import StreamSampler
@@ -501,9 +501,7 @@ class StepDriver(threading.Thread):
         for j in range(k + 1, k + s + 1):
             if self.steps.record(j) is not None:
                 continue  # published already (before a restart, too)
-            done = j - stage.start  # steps of the stage before j
-            plateau = cfg.plateau
-            if done >= cfg.steps or (plateau is not None and done >= max(plateau.min_steps, 2 * plateau.window)) or self.validation.due(spec, j):
+            if may_end(cfg, j - stage.start) or self.validation.due(spec, j):  # j may start the next stage, or is validated
                 self._ahead_done = k  # not before step k is recorded, whatever happens meanwhile
                 return
             if self._open_evals() or self.store.requested() & {"pause", "stop"}:

@@ -26,12 +26,19 @@ from magic.store.streams import ConsumerGroup
 log = logging.getLogger(__name__)
 
 
+def may_end(stage: StageConfig, done: int) -> bool:
+    """Whether a stage with `done` finished steps may end now (its step count is reached, or its
+    plateau rule has the steps it compares): before, it goes on whatever their records say."""
+    rule = stage.plateau
+    return done >= stage.steps or (rule is not None and done >= max(rule.min_steps, 2 * rule.window))
+
+
 def stage_end_reason(stage: StageConfig, done: list[dict]) -> str | None:
     """Why a stage whose finished steps have the records `done` ends now, or None if it goes on."""
     if len(done) >= stage.steps:
         return "steps"
     rule = stage.plateau
-    if rule is None or len(done) < max(rule.min_steps, 2 * rule.window):
+    if rule is None or not may_end(stage, len(done)):
         return None
     values = [r.get(rule.metric) for r in done[-2 * rule.window:]]
     if any(v is None for v in values):

@@ -24,13 +24,10 @@ outer loop with side jobs at its step boundaries.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Protocol
 
 from magic.protocol.pb import messages_pb2 as pb
 from magic.store.streams import ConsumerGroup, Entry
-
-log = logging.getLogger(__name__)
 
 Batch = list[tuple[Entry, pb.ScoredGroup]]
 

@@ -277,11 +277,10 @@ def behaviour_weights(
     >>> [[round(x, 4) for x in row] for row in w.tolist()], s["rollout_is_clipfrac"].item()
     ([[1.0, 1.0], [2.0, 0.25]], 3.0)
     """
-    stale_any = stale is not None and bool(stale.any())
-    if not stale_any:
+    stale_mode = "mask" if mode == "mask" else "truncate"
+    if stale is None or mode == stale_mode or not bool(stale.any()):  # every token weighted alike
         weights, sums = rollout_is_weights(prox_logp, behav_logp, mask, mode, threshold)
         return (weights if mode != "none" else None), sums
-    stale_mode = "mask" if mode == "mask" else "truncate"
     m = mask.to(torch.float64)
     s = stale.expand_as(mask).to(torch.float64)
     w_fresh, fresh = rollout_is_weights(prox_logp, behav_logp, m * (1 - s), mode, threshold)

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from magic.config.flags import describe_errors
 from magic.config.schema import StageConfig
@@ -65,6 +65,15 @@ def _line(r: dict) -> str:
         f"step {r['step_seconds_total']:.1f}s (rollout {r['step_seconds_rollout']:.1f}s, train {r['step_seconds_train']:.1f}s)"
         + (f"  stale {r['samples_stale']:.0f}" if r.get("samples_stale") else "")  # max_staleness: samples of the previous version(s)
     )
+
+
+def _streams(value: str) -> bool:
+    """MAGIC_STREAM as the learner's settings read it (pydantic's bool); a value it refuses: False
+    here, and the learner says why it cannot start."""
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        return False
 
 
 DATASET = "chain-sum"
@@ -185,7 +194,7 @@ def _run(args: argparse.Namespace, demo, stages: list, out: Path, t_start: float
     # overlap (streaming, bounded staleness), four torch threads on two cores made a step 2-9x
     # slower (docs/benchmarks.md), so each gets one core
     stream = os.environ.get("MAGIC_STREAM", "false")
-    overlap = stream.lower() in ("1", "true", "yes") or any(s.max_staleness for s in stages)
+    overlap = _streams(stream) or any(s.max_staleness for s in stages)
     threads = "1" if overlap else "2"
     rollout_env = {"MAGIC_TORCH_THREADS": threads} | engine_env(args.engine)
     sup = Supervisor(out / "logs", base_env)

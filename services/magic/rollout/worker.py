@@ -185,9 +185,10 @@ class RolloutWorker(Worker):
         for entry, group in items:
             if entry.id in self._work:
                 continue  # already generating it (e.g. re-read after a reclaim)
-            if window(group)[0] <= self.engine.version <= group.policy_version:
+            lo, hi = window(group)
+            if lo <= self.engine.version <= hi:
                 ready.append((entry, group))
-            elif self.engine.version < window(group)[0]:
+            elif self.engine.version < lo:
                 held.append((entry, group))
             else:
                 self._drop_stale(entry, group)
