@@ -123,8 +123,11 @@ def test_redis_killed_and_restarted_from_its_aof_mid_step(world, max_staleness):
     run = f"redis-restart-s{max_staleness}"
     k = keys.RunKeys(run)
     world.submit(run, steps=3, max_staleness=max_staleness)
-    # one atomic read of both fields: two HGETs could straddle the barrier's move and never match
-    wait_for(lambda: world.r.hmget(k.state, "step", "phase") == [b"1", b"rollout"], 90, "step 1 to be out", interval=0.02)
+    # mid-step: step 1 or 2 out, its groups generating or its weights loading. One atomic read of both
+    # fields (two HGETs could straddle the barrier's move). Not "step 1, rollout" alone: with s = 1 step 1
+    # was generated while step 0 trained, so its rollout phase can last a few milliseconds.
+    mid_step = {(b"1", b"rollout"), (b"1", b"sync"), (b"2", b"rollout"), (b"2", b"sync")}
+    wait_for(lambda: tuple(world.r.hmget(k.state, "step", "phase")) in mid_step, 90, "step 1 or 2 to be out", interval=0.02)
     world.server.kill()
     time.sleep(1.0)
     world.server.start()
