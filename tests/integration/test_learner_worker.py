@@ -132,20 +132,24 @@ def test_a_stage_that_does_not_fit_is_refused_before_anything_loads(r, tmp_path,
 ON_POLICY = {"steps": 5, "T": 16, "D_R": 4, "gs": 4, "lr": 5e-3, "entropy": {"adaptive": True, "target": 10.0, "delta": 0.01}}
 
 
-def test_an_on_policy_step_trains_each_group_as_it_arrives_and_updates_as_the_barrier_would(r, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("plan", ["on-policy", "n-sgd-2-slot"])
+def test_a_step_trains_each_group_as_it_arrives_and_updates_as_the_barrier_would(r, tmp_path, tiny_model_dir, plan):
     """Half the step's groups arrive, the learner trains them (no update yet), the rest arrive, the
     update is applied: the same step record and the same weights as a learner that waited for the
-    whole batch (MAGIC_STREAM=false)."""
+    whole batch (MAGIC_STREAM=false). With N_SGD = 2 (D_T = 2, rule "slot") the first half is the
+    first mini-batch: its backward and the no-grad pass run before the rest arrives."""
     import torch
 
     from magic.protocol import keys as k
     from magic.store.steps import StepStore
 
     vocab = modeling.load_model_config(tiny_model_dir).vocab_size
-    stage = StageConfig.model_validate(ON_POLICY)
+    config = ON_POLICY if plan == "on-policy" else {**ON_POLICY, "D_T": 2, "minibatch_rule": "slot"}
+    stage = StageConfig.model_validate(config)
     results = {}
-    for run_id, stream in (("barrier", False), ("streamed", True)):
-        spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[ON_POLICY])
+    for name, stream in (("barrier", False), ("streamed", True)):
+        run_id = f"{plan}-{name}"
+        spec = RunSpec(name=run_id, model=str(tiny_model_dir), train_files=["unused.jsonl"], stages=[config])
         r.set(k.RunKeys(run_id).spec, spec.model_dump_json())
         settings = LearnerSettings(data_dir=tmp_path / run_id, worker_name="learner-test", checkpoint_every=0, micro_batch_tokens=64, stream=stream)
         worker = LearnerWorker(RunChannels(r, run_id, "learner", settings.worker_name), settings)
@@ -163,6 +167,7 @@ def test_an_on_policy_step_trains_each_group_as_it_arrives_and_updates_as_the_ba
         assert worker.step == 0  # half the batch: no update
         if stream:
             assert worker._streamed == {g.rollout.prompt.group_id for g in groups[:2]}  # ...but its groups already trained
+            assert worker._stream.sums["tokens"] > 0  # their backward ran (N_SGD = 2: the first mini-batch is slots 0 and 1)
             assert all(torch.equal(p, before[n]) for n, p in worker.trainer.backend.policy.named_parameters())
         for g in groups[2:]:
             Stream(r, k.RunKeys(run_id).scored).add(g)
@@ -172,10 +177,11 @@ def test_an_on_policy_step_trains_each_group_as_it_arrives_and_updates_as_the_ba
                 break
         assert worker.step == 1
         events = [e for _, e in Stream(r, k.RunKeys(run_id).events_of("learner")).read_after("0", pb.Event) if e.WhichOneof("kind") == "step_completed"]
-        results[run_id] = dict(events[-1].step_completed.metrics), {n: p.detach().clone() for n, p in worker.trainer.backend.policy.named_parameters()}
+        results[name] = dict(events[-1].step_completed.metrics), {n: p.detach().clone() for n, p in worker.trainer.backend.policy.named_parameters()}
         worker.close()
     (barrier, wb), (streamed, ws) = results["barrier"], results["streamed"]
     assert barrier["streamed"] == 0.0 and streamed["streamed"] == 1.0
+    assert streamed["sgd_steps"] == barrier["sgd_steps"] == stage.n_sgd
     for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens_trained", "groups_trained"):
         assert streamed[key] == pytest.approx(barrier[key], rel=1e-5), key
     flat = lambda weights: torch.cat([w.flatten() for w in weights.values()])  # noqa: E731

@@ -200,11 +200,14 @@ class StageConfig(BaseModel):
     every on-policy step (d = `kl_ema_decay`), starting from the initial model."""
     kl_ema_decay: float = Field(default=0.99, ge=0, lt=1)
     """d: decay of the EMA reference policy per on-policy step (kl_reference "ema")."""
-    minibatch_rule: Literal["count", "size"] = "count"
+    minibatch_rule: Literal["count", "size", "slot"] = "count"
     """How the groups kept after rejection become SGD mini-batches. "count": always D_R / D_T
     mini-batches per pass (whole groups split as evenly as possible; by samples when fewer
     groups than mini-batches are left), so N_SGD = D_R / D_T * N_reuse exactly (eq. 4.1).
-    "size": mini-batches of D_T prompts, so rejection lowers N_SGD (the last one may be smaller)."""
+    "size": mini-batches of D_T prompts, so rejection lowers N_SGD (the last one may be smaller).
+    "slot": mini-batch j holds the kept groups among the published prompts j * D_T ... (j + 1) * D_T - 1
+    (sizes vary with rejection): a group's mini-batch is known when it arrives, so with N_SGD > 1
+    the first mini-batch streams too (docs/overlap.md)."""
     penalties: PenaltySettings | None = None
     """Reward penalties of this stage, carried on each prompt group to the reward service; None
     leaves the reward service's own settings (MAGIC_PENALTIES__*)."""

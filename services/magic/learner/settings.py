@@ -41,9 +41,10 @@ class LearnerSettings(ServiceSettings):
     bfloat16 for vLLM). "auto": bfloat16 with precision "bf16", float32 with "fp32". The
     checkpoints always keep the float32 master weights."""
     stream: bool = True
-    """Train each scored group of an on-policy step as it arrives and apply the update when the
-    last is in (`magic.learner.streaming`: the same update as waiting for the whole batch); false,
-    or a step that cannot stream (N_SGD > 1, DeepSpeed), trains the whole batch at once."""
+    """Train each scored group of a step as it arrives and apply the update when the last is in
+    (`magic.learner.streaming`: the same update as waiting for the whole batch; with N_SGD > 1
+    the no-grad pass and, under minibatch_rule "slot", the first mini-batch stream); false, or a
+    step that cannot stream (DeepSpeed, several ranks), trains the whole batch at once."""
     checkpoint_every: int = Field(default=20, ge=0)
     """Write a full checkpoint (HF weights + tokenizer, optimizer, entropy-controller state) of
     every policy version that is a multiple of this; 0: none of these (the checkpoints a run asks

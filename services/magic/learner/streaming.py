@@ -22,10 +22,20 @@ generating, and equal the barrier's to float tolerance, because at theta_k the r
 The entropy term is kept apart until the end (its coefficient depends on the whole batch's
 entropy when the gate is adaptive) rather than re-running the forward pass: one gradient buffer
 more (the policy's size in the gradient's precision) instead of a second pass over the batch.
-What cannot stream falls back to the barrier step (`why_not`): N_SGD > 1 (the later mini-batches
-need theta after the first update), a backend over several ranks (DeepSpeed partitions and
-reduces gradients itself), the batch estimator with Adv-Mask-After (its rejection depends on the
-batch mean).
+
+N_SGD > 1 (eq. 4.1). The barrier runs one no-grad pass at theta_k over the batch (old and
+reference log-probs, e_k), then the SGD steps. Streamed, that pass runs per group as it arrives
+(exact: it is per sequence), and so does the first mini-batch's forward and backward when its
+groups are known on arrival — mini-batch rule "slot", where mini-batch j holds the kept groups
+among prompts j * D_T ... (j + 1) * D_T - 1 — since at theta_k its ratio is 1 and its loss a
+token sum like the on-policy one. Once the last group is in: the batch's scalars, the first
+mini-batch's update, then the other mini-batches and the N_reuse passes as the barrier runs
+them. Under the rules "count" and "size" a group's mini-batch depends on how many groups are
+kept before it, known only at the end: the no-grad pass streams, the SGD steps wait.
+
+What cannot stream falls back to the barrier step (`why_not`): a backend over several ranks
+(DeepSpeed partitions and reduces gradients itself), the batch estimator with Adv-Mask-After
+(its rejection depends on the batch mean).
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ import torch
 from magic.config.schema import StageConfig
 from magic.learner import core_algos
 from magic.learner.backends import TorchBackend
-from magic.learner.batching import Sequence, batch_stats, build_sequences, collate, of_version
+from magic.learner.batching import Sequence, batch_stats, build_sequences, collate, group_slot, of_version, scatter_response, split_minibatches
+from magic.learner.core_algos import LossConfig
 from magic.protocol.pb import messages_pb2 as pb
 
 GROUP_PART = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "lite_ppo": "drgrpo"}
@@ -47,8 +58,6 @@ estimators, r - mean_group (Dr.GRPO's) for LitePPO, which divides by the batch s
 
 def why_not(stage: StageConfig, backend) -> str | None:
     """Why step k of `stage` cannot stream on `backend` (None when it can)."""
-    if stage.n_sgd != 1:
-        return f"N_SGD = {stage.n_sgd}: the mini-batches after the first need the updated policy"
     if not isinstance(backend, TorchBackend) or backend.world_size != 1:
         return "the backend spans several ranks (or is DeepSpeed): it reduces and steps its gradients itself"
     if stage.advantage_estimator.value == "batch" and stage.advantage_mask.value == "after":
@@ -57,7 +66,7 @@ def why_not(stage: StageConfig, backend) -> str | None:
 
 
 class StreamingStep:
-    """One on-policy step built group by group (see the module docstring); `trainer` is the
+    """One step built group by group (see the module docstring); `trainer` is the
     `magic.learner.trainer.Trainer` whose policy, reference and entropy controller it uses."""
 
     def __init__(self, trainer, version: int, stage: StageConfig):
@@ -74,30 +83,67 @@ class StreamingStep:
         self.ref = trainer._reference_for(stage) if stage.kl_coef > 0 else None
         self.kept_groups = 0
         self.train_seconds = 0.0
+        # N_SGD > 1: the no-grad pass per group, the first mini-batch's backward when its groups are known on arrival
+        self.multi = stage.n_sgd > 1
+        self.d_t = stage.train_batch_size or stage.rollout_batch_size
+        self.first_streams = self.multi and stage.minibatch_rule == "slot"
+        self.kept: list[list[Sequence]] = []  # N_SGD > 1: the kept groups' sequences, c_i as their advantage until finish()
+        self.measured = dict.fromkeys(("tokens", "entropy", "kl_rollout"), 0.0)
 
     # -- as groups arrive ------------------------------------------------------------------------
 
     def add(self, *groups: pb.ScoredGroup) -> None:
         """Train on scored groups of the step that arrived together (forward and backward now,
         nothing applied): their samples packed into micro-batches as the barrier packs a batch,
-        so groups that come at once cost what the barrier's passes over them would."""
+        so groups that come at once cost what the barrier's passes over them would. With
+        N_SGD > 1: the no-grad pass over them, and the backward of those of the first mini-batch
+        (rule "slot")."""
         t0 = time.perf_counter()
-        seqs = []
+        seqs, first = [], []
         for group in groups:
             self.groups.append(group)
             parts = self._coefficients(group)
             if parts is None:
                 continue
             self.kept_groups += 1
-            prompt = list(group.rollout.prompt_ids)
+            prompt, slot = list(group.rollout.prompt_ids), group_slot(group)
+            mine = []
             for s, c, counted in zip(group.rollout.samples, *parts):
-                seq = Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), c, stale=s.policy_version != self.version)
+                seq = Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), c, stale=s.policy_version != self.version, slot=slot)
                 seq.counted = counted  # the batch estimator's m_i: the sample carries -mu
-                seqs.append(seq)
-        if seqs:
+                mine.append(seq)
+            seqs.extend(mine)
+            if self.multi:
+                self.kept.append(mine)
+                if self.first_streams and slot < self.d_t:
+                    first.extend(mine)
+        if self.multi:
+            if seqs:
+                self._measure(seqs)
+            for mb in self.trainer._local_micro_batches(first) if first else []:
+                self._backward(mb)
+        elif seqs:
             for mb in self.trainer._local_micro_batches(seqs):
                 self._backward(mb)
         self.train_seconds += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _measure(self, seqs: list[Sequence]) -> None:
+        """The barrier's no-grad pass at theta_k (`Trainer._measure`) over these sequences: their
+        old and reference log-probs, and the sums of e_k and of the rollout-vs-learner figures."""
+        trainer, stage = self.trainer, self.stage
+        trainer.backend.train(False)
+        for mb in trainer._local_micro_batches(seqs):
+            t = collate(mb, trainer.pad_id, trainer.device)
+            logp, entropy = trainer.backend.forward(t["input_ids"], t["attention_mask"], stage.temperature)
+            mask = t["response_mask"]
+            scatter_response(mb, logp, "old_logp")
+            if self.ref is not None:
+                scatter_response(mb, trainer.backend.reference_forward(self.ref, t["input_ids"], t["attention_mask"], stage.temperature), "ref_logp")
+            self.measured["tokens"] += float(mask.sum())
+            self.measured["entropy"] += float((entropy * mask).sum())
+            self.measured["kl_rollout"] += float((core_algos.k3_kl(logp, t["rollout_logp"]) * mask).sum())
+            self.diff_max = max(self.diff_max, float(((t["rollout_logp"] - logp) * mask).abs().max()))
 
     def _coefficients(self, group: pb.ScoredGroup) -> tuple[list[float], list[float]] | None:
         """The group's own part of its advantages c_i and, for the batch estimator, which samples
@@ -160,8 +206,9 @@ class StreamingStep:
                 self.sums["one"] += float(terms["one"].detach())
             if "kl_ref" in terms:
                 self.sums["kl_ref"] += float(terms["kl_ref"].detach())
-            self.sums["kl_rollout"] += float((core_algos.k3_kl(logp.detach(), t["rollout_logp"]) * mask).sum())
-            self.diff_max = max(self.diff_max, float(((t["rollout_logp"] - logp.detach()) * mask).abs().max()))
+            if not self.multi:  # N_SGD > 1: the no-grad pass measured them over the whole batch
+                self.sums["kl_rollout"] += float((core_algos.k3_kl(logp.detach(), t["rollout_logp"]) * mask).sum())
+                self.diff_max = max(self.diff_max, float(((t["rollout_logp"] - logp.detach()) * mask).abs().max()))
             for k, v in is_sums.items():
                 self.sums[k] += float(v)
 
@@ -172,24 +219,44 @@ class StreamingStep:
     # -- when the last group is in --------------------------------------------------------------
 
     def finish(self) -> dict[str, float]:
-        """Apply the step: the batch's scalars, the combined gradient, one optimizer step; the
-        step's metrics, the same keys as `Trainer.train_step`'s."""
+        """Apply the step: the batch's scalars, the combined gradient, one optimizer step (N_SGD > 1:
+        then the other SGD steps); the step's metrics, the same keys as `Trainer.train_step`'s."""
         trainer, stage, ent_cfg = self.trainer, self.stage, self.stage.entropy
         t0 = time.perf_counter()
         control = trainer.controller
         kept, metrics = build_sequences(self.groups, self.version, stage, layout=False)  # the barrier's own bookkeeping: rejections, advantage figures
-        metrics.update(batch_stats(self.groups, self.version, stage.max_staleness).metrics(), entropy_target=ent_cfg.target, entropy_coef=control.current(ent_cfg), n_sgd=1.0)
+        metrics.update(batch_stats(self.groups, self.version, stage.max_staleness).metrics(), entropy_target=ent_cfg.target, entropy_coef=control.current(ent_cfg), n_sgd=float(stage.n_sgd))
         if len(kept) != self.kept_groups:
             raise RuntimeError(f"streamed {self.kept_groups} groups, the batch keeps {len(kept)}")
         if not kept:
             metrics.update(loss=0.0, pg_loss=0.0, grad_norm=0.0, tokens_trained=0.0, sgd_steps=0.0, entropy_bonus_active=0.0, entropy_alpha=0.0)
             trainer._update_ema(stage)
             return metrics
-        n = self.sums["tokens"]
         scale, mean = self._batch_scalars()
-        entropy_k = self.sums["entropy"] / n
-        alpha, gate = control.alpha_for(ent_cfg, entropy_k if control.gate_needs_entropy_first(ent_cfg) else None)
-        coefficient = {"lin": -scale, "one": scale * mean, "entropy": -alpha, "kl_ref": stage.kl_coef}
+        if self.multi:
+            metrics.update(self._finish_sgd(scale, mean))
+        else:
+            n = self.sums["tokens"]
+            entropy_k = self.sums["entropy"] / n
+            alpha, gate = control.alpha_for(ent_cfg, entropy_k if control.gate_needs_entropy_first(ent_cfg) else None)
+            grad_norm = self._step(n, scale, mean, alpha)
+            gate = control.finish_step(ent_cfg, entropy_k, gate)
+            streamed = self._streamed_sums(scale, mean, alpha)
+            metrics.update(
+                {("entropy_trained" if k == "entropy" else k): v / n for k, v in streamed.items() if k != "kl_ref" or self.ref is not None},
+                kl_rollout=self.sums["kl_rollout"] / n, rollout_logprob_diff_max=self.diff_max,
+                entropy=entropy_k, entropy_bonus_active=float(gate), entropy_alpha=alpha, entropy_coef_next=control.current(ent_cfg),
+                grad_norm=grad_norm, tokens_trained=n, sgd_steps=1.0, lr=stage.lr, measure_seconds=0.0,
+            )
+        metrics.update(streamed_train_seconds=self.train_seconds, finish_seconds=time.perf_counter() - t0)
+        self.buffers.clear()
+        trainer._update_ema(stage)
+        return metrics
+
+    def _step(self, n: float, scale: float, mean: float, alpha: float) -> float:
+        """One optimizer step on the streamed gradient: the buffers combined with the batch's
+        scalars over `n` tokens (the mini-batch's). Returns the grad norm."""
+        coefficient = {"lin": -scale, "one": scale * mean, "entropy": -alpha, "kl_ref": self.stage.kl_coef}
         for i, p in enumerate(self.params):
             g = None
             for name, buffer in self.buffers.items():
@@ -197,23 +264,54 @@ class StreamingStep:
                     term = buffer[i] * (coefficient[name] / n)
                     g = term if g is None else g + term
             p.grad = None if g is None else g.to(p.dtype)
-        grad_norm = trainer.backend.step(stage.lr, trainer.optim.max_grad_norm)
+        return self.trainer.backend.step(self.stage.lr, self.trainer.optim.max_grad_norm)
+
+    def _streamed_sums(self, scale: float, mean: float, alpha: float) -> dict[str, float]:
+        """The streamed update's token sums of `trainer.SUM_KEYS` (its ratio is 1: nothing clipped)."""
+        pg = -scale * self.sums["lin"] + scale * mean * self.sums["one"]
+        return {
+            "loss": pg - alpha * self.sums["entropy"] + self.stage.kl_coef * self.sums["kl_ref"], "pg_loss": pg, "entropy": self.sums["entropy"],
+            "pg_clipfrac_high": 0.0, "pg_clipfrac_low": 0.0, "pg_clipfrac_dual": 0.0, "kl_old": 0.0, "ppo_kl": 0.0, "kl_ref": self.sums["kl_ref"],
+            "rollout_is_weight": self.sums["rollout_is_weight"], "rollout_is_clipfrac": self.sums["rollout_is_clipfrac"],
+        }
+
+    def _finish_sgd(self, scale: float, mean: float) -> dict[str, float]:
+        """N_SGD > 1 once the last group is in: e_k and alpha_k from the streamed no-grad pass, the
+        advantages A_i = s (c_i - mu m_i), the first mini-batch's update from its streamed gradient
+        (rule "slot"), then the other SGD steps as `Trainer.train_step` runs them."""
+        trainer, stage, ent_cfg, control = self.trainer, self.stage, self.stage.entropy, self.trainer.controller
+        total = self.measured["tokens"]
+        entropy_k = self.measured["entropy"] / total
+        alpha, gate = control.alpha_for(ent_cfg, entropy_k)
+        mu = mean if self.estimator == "batch" else 0.0  # LitePPO: r - mean_group is c_i already
+        for group in self.kept:
+            for seq in group:
+                seq.advantage = scale * (seq.advantage - mu * seq.counted)
+        kept = sorted(self.kept, key=lambda g: g[0].slot)  # group order, as the barrier's
+        minibatches = split_minibatches(kept, stage.n_minibatches, stage.minibatch_rule, self.d_t)
+        loss_config = LossConfig.for_stage(stage, alpha)
+        totals, grad_norms, tokens_seen = dict.fromkeys(self._streamed_sums(0.0, 0.0, 0.0), 0.0), [], 0
+        for r in range(stage.reuse):
+            for i, mb in enumerate(minibatches):
+                if r == 0 and i == 0 and self.first_streams and mb[0].slot < self.d_t:  # its groups' gradient is in the buffers
+                    n_tok = sum(s.response_len for s in mb)
+                    if n_tok != self.sums["tokens"]:
+                        raise RuntimeError(f"streamed {self.sums['tokens']:.0f} tokens of the first mini-batch, it holds {n_tok}")
+                    grad_norm, sums = self._step(n_tok, scale, mean, alpha), self._streamed_sums(scale, mean, alpha)
+                else:
+                    sums, grad_norm, n_tok = trainer._sgd_step(mb, stage, loss_config, on_policy=False)
+                for k in totals:
+                    totals[k] += sums.get(k, 0.0)
+                grad_norms.append(grad_norm)
+                tokens_seen += n_tok
         gate = control.finish_step(ent_cfg, entropy_k, gate)
-        pg_loss = (-scale * self.sums["lin"] + scale * mean * self.sums["one"]) / n
-        loss = pg_loss - alpha * entropy_k + stage.kl_coef * self.sums["kl_ref"] / n
-        metrics.update(
-            loss=loss, pg_loss=pg_loss, entropy_trained=entropy_k, pg_clipfrac_high=0.0, pg_clipfrac_low=0.0, pg_clipfrac_dual=0.0,
-            kl_old=0.0, ppo_kl=0.0, rollout_is_weight=self.sums["rollout_is_weight"] / n, rollout_is_clipfrac=self.sums["rollout_is_clipfrac"] / n,
-            kl_rollout=self.sums["kl_rollout"] / n, rollout_logprob_diff_max=self.diff_max,
-            entropy=entropy_k, entropy_bonus_active=float(gate), entropy_alpha=alpha, entropy_coef_next=control.current(ent_cfg),
-            grad_norm=grad_norm, tokens_trained=n, sgd_steps=1.0, lr=stage.lr, measure_seconds=0.0,
-            streamed_train_seconds=self.train_seconds, finish_seconds=time.perf_counter() - t0,
-        )
-        if self.ref is not None:
-            metrics["kl_ref"] = self.sums["kl_ref"] / n
-        self.buffers.clear()
-        trainer._update_ema(stage)
-        return metrics
+        return {
+            **{("entropy_trained" if k == "entropy" else k): v / tokens_seen for k, v in totals.items() if k != "kl_ref" or self.ref is not None},
+            "kl_rollout": self.measured["kl_rollout"] / total, "rollout_logprob_diff_max": self.diff_max,
+            "entropy": entropy_k, "entropy_bonus_active": float(gate), "entropy_alpha": alpha, "entropy_coef_next": control.current(ent_cfg),
+            "grad_norm": sum(grad_norms) / len(grad_norms), "tokens_trained": total, "sgd_steps": float(len(grad_norms)), "lr": stage.lr,
+            "measure_seconds": 0.0,
+        }
 
     def _batch_scalars(self) -> tuple[float, float]:
         """(s, mu): the batch estimator's 1 / (std + eps) and mean, LitePPO's 1 / (std + eps) (mu

@@ -1,6 +1,8 @@
 """Exact streaming: the on-policy update built group by group, in any arrival order, equals the
 barrier update (weights after the step, and its figures) for every advantage estimator, the
-entropy settings, the reference KL, the rollout correction and rejection."""
+entropy settings, the reference KL, the rollout correction and rejection; with N_SGD > 1 the
+no-grad pass (and, under mini-batch rule "slot", the first mini-batch) streams and the step's
+SGD steps equal the barrier's."""
 
 from __future__ import annotations
 
@@ -106,13 +108,87 @@ def test_the_streamed_update_equals_the_barrier_update_in_any_arrival_order(tiny
             assert got["kl_ref"] == pytest.approx(expected["kl_ref"], rel=1e-6, abs=1e-12)
 
 
+MULTI = {  # N_SGD > 1 over 6 groups (D_R = 6); groups[2] rejected, groups[4] dropped (another version) as above
+    "slot-grpo-reuse2": dict(minibatch_rule="slot", D_T=3, N_reuse=2),
+    "slot-lite_ppo-kl-adaptive-gate": dict(minibatch_rule="slot", D_T=2, advantage_estimator="lite_ppo", beta=0.02, entropy={"adaptive": True, "target": 10.0, "delta": 0.01}, _c0=0.01),
+    "slot-batch-constant-entropy": dict(minibatch_rule="slot", D_T=3, advantage_estimator="batch", entropy={"adaptive": False, "coef": 0.01}),
+    "slot-first-minibatch-rejected": dict(minibatch_rule="slot", D_T=1, _reject_first=True),  # nothing of slot 0 streams: mini-batch 1 comes first
+    "slot-stale-s1-truncate": dict(minibatch_rule="slot", D_T=3, max_staleness=1, rollout_is="truncate", rollout_is_threshold=1.5),
+    "count-grpo-reuse2": dict(minibatch_rule="count", D_T=3, N_reuse=2, dual_clip=3.0),  # the no-grad pass streams, the SGD steps wait
+    "size-rloo-kl": dict(minibatch_rule="size", D_T=2, advantage_estimator="rloo", beta=0.05),
+}
+
+
+@pytest.mark.parametrize("case", MULTI)
+def test_with_n_sgd_above_1_the_streamed_step_equals_the_barrier_step(tiny_model_dir, case):
+    vocab = modeling.load_model_config(tiny_model_dir).vocab_size
+    values = dict(MULTI[case])
+    c0, reject_first = values.pop("_c0", 0.0), values.pop("_reject_first", False)
+    st = on_policy(D_R=6, lr=2e-3, **values)
+    assert st.n_sgd > 1
+    version = 2 if st.max_staleness else 0
+    groups = scored_groups(version, 6, 4, vocab, seed=21)
+    for i in (2, 0) if reject_first else (2,):
+        for sc in groups[i].scores:
+            sc.reward = 1.0
+    groups[4].rollout.samples[1].policy_version = 7
+    if st.max_staleness:
+        for sample in groups[0].rollout.samples:  # slot 0: a stale group in the streamed first mini-batch
+            sample.policy_version = version - 1
+
+    barrier = make_trainer(tiny_model_dir)
+    barrier.controller.coef = c0
+    expected = barrier.train_step(groups, version=version, stage=st)
+    want = {k: v.clone() for k, v in barrier.backend.policy.state_dict().items()}
+    assert expected["sgd_steps"] >= 2
+
+    for order_seed in (0, 1):
+        order = list(groups)
+        random.Random(order_seed).shuffle(order)
+        streamer = make_trainer(tiny_model_dir, budget=17)
+        streamer.controller.coef = c0
+        step = StreamingStep(streamer, version, st)
+        for g in order:
+            step.add(g)
+        # what ran before the last group was in: the no-grad pass over every kept sample, and the
+        # first mini-batch's backward where its groups are known on arrival (rule "slot")
+        assert step.measured["tokens"] == expected["tokens_trained"]
+        first_streams = st.minibatch_rule == "slot" and not reject_first
+        assert (step.sums["tokens"] > 0) == first_streams, case
+        got = step.finish()
+        for k, w in want.items():
+            v = streamer.backend.policy.state_dict()[k]
+            assert torch.linalg.norm(v - w) <= 1e-5 * torch.linalg.norm(w), (case, order_seed, k, (torch.linalg.norm(v - w) / torch.linalg.norm(w)).item())
+        start = modeling.load_model(tiny_model_dir, dtype=torch.float64).state_dict()
+        update = torch.cat([(want[k] - start[k]).flatten() for k in want])
+        streamed = torch.cat([(streamer.backend.policy.state_dict()[k] - start[k]).flatten() for k in want])
+        assert update.abs().max() > 1e-4, case
+        assert torch.linalg.norm(streamed - update) <= 1e-3 * torch.linalg.norm(update), (case, (torch.linalg.norm(streamed - update) / torch.linalg.norm(update)).item())
+        for key in ("loss", "pg_loss", "entropy", "entropy_trained", "grad_norm", "entropy_alpha", "entropy_bonus_active", "entropy_coef_next",
+                    "tokens_trained", "sgd_steps", "n_sgd", "groups_trained", "kl_rollout", "rollout_is_weight", "samples_stale"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-9), (case, key)
+        for key in ("pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl"):  # the streamed first mini-batch's ratio is 1, the barrier's 1 +- 1e-7
+            assert got[key] == pytest.approx(expected[key], abs=1e-6), (case, key)
+        if st.kl_coef:
+            assert got["kl_ref"] == pytest.approx(expected["kl_ref"], rel=1e-5, abs=1e-12)
+
+
+def test_slot_minibatches_follow_the_prompts_slots():
+    from magic.learner.batching import Sequence, split_minibatches
+
+    groups = [[Sequence([1, 2, 3], 1, [0.0, 0.0], 1.0, slot=slot)] * 2 for slot in (0, 1, 3, 6, 7)]  # slots 2, 4, 5 rejected
+    assert [[s.slot for s in mb] for mb in split_minibatches(groups, 4, "slot", 2)] == [[0, 0, 1, 1], [3, 3], [6, 6, 7, 7]]
+    with pytest.raises(ValueError, match="D_T"):
+        split_minibatches(groups, 4, "slot")
+
+
 def test_what_cannot_stream_says_why(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir)
     assert why_not(on_policy(), trainer.backend) is None
-    assert "N_SGD" in why_not(stage(), trainer.backend)  # D_T = 2 of D_R = 4, N_reuse 2
+    assert why_not(stage(), trainer.backend) is None  # N_SGD = 4 streams its no-grad pass
     assert "Adv-Mask-After" in why_not(on_policy(advantage_estimator="batch", advantage_mask="after"), trainer.backend)
     with pytest.raises(ValueError, match="cannot stream"):
-        StreamingStep(trainer, 0, stage())
+        StreamingStep(trainer, 0, on_policy(advantage_estimator="batch", advantage_mask="after"))
 
 
 def test_a_step_with_nothing_to_learn_keeps_the_policy(tiny_model_dir):
