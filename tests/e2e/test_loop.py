@@ -49,7 +49,8 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
         "train_files": [str(data)],
         "stages": [
             {"name": "short", "steps": 2, "T": 12, "D_R": 4, "gs": 4, "lr": 1e-3},
-            {"name": "long", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "lr": 1e-3},
+            # N_SGD = 2, mini-batches by prompt slot: the learner streams the no-grad pass and the first mini-batch
+            {"name": "long", "steps": 2, "T": 24, "D_R": 4, "gs": 4, "lr": 1e-3, "D_T": 2, "minibatch_rule": "slot"},
         ],
     }
     resp = api.post("/v1/runs", json=spec)
@@ -67,6 +68,9 @@ def test_a_two_stage_run_trains_through_separate_processes(cluster, tiny_model_d
     assert records[0]["response_clip_ratio"] > 0
     for phase in ("rollout", "train", "weight_sync"):
         assert all(r[f"step_seconds_{phase}"] >= 0 for r in records)
+    assert all(r["streamed"] == 1.0 for r in records)  # MAGIC_STREAM's default, N_SGD = 2 included
+    assert [r["n_sgd"] for r in records] == [1, 1, 2, 2]
+    assert all(r["sgd_steps"] <= r["n_sgd"] and (r["sgd_steps"] > 0) == (r["groups_trained"] > 0) for r in records)
 
     # every step was trained once, on samples of its own version (version_mismatch above); what the
     # completed steps left in Redis was trimmed: no prompt, rollout or old weight announcement remains
