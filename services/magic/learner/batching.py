@@ -140,7 +140,7 @@ def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConf
         if not layout:
             out.append([])
             continue
-        prompt, slot = list(g.rollout.prompt_ids), group_slot(g, default=i)
+        prompt, slot = list(g.rollout.prompt_ids), group_slot(g)
         out.append([Sequence(prompt + list(s.response_ids), len(prompt), list(s.logprobs), float(a), stale=s.policy_version != version, slot=slot) for s, a in zip(g.rollout.samples, adv[i].tolist())])
     a = torch.tensor(trained_adv) if trained_adv else torch.zeros(1)
     metrics.update(
@@ -154,11 +154,11 @@ def build_sequences(groups: list[pb.ScoredGroup], version: int, stage: StageConf
     return out, metrics
 
 
-def group_slot(group: pb.ScoredGroup, default: int = 0) -> int:
+def group_slot(group: pb.ScoredGroup) -> int:
     """The group's index among the D_R prompts of its step (the controller's group ids are
-    "<step>:<index>"); `default` for an id of another form (hand-made batches)."""
+    "<step>:<index>"; the learner takes no other); -1 for an id of another form (hand-made batches)."""
     _, _, index = group.rollout.prompt.group_id.rpartition(":")
-    return int(index) if index.isdigit() else default
+    return int(index) if index.isdigit() else -1
 
 
 def _even_chunks(items: list, n: int) -> list[list]:

@@ -23,6 +23,7 @@ working sets: forward/backward (gathered, activations, logits), the optimizer st
 | activations | N·L·a (all layers' saved tensors), with activation checkpointing N·L·h·b + 1.7·N·a (the layer inputs, one layer recomputed and its gradients) |
 | logits | the output layer's chunked log-probs: c·chunk·V·4 (float32 chunks) + V·h·4 (the output matrix's gradient) |
 | reference | kl_reference "initial": P·b, ÷W under ZeRO-3; "ema": P·4 (a float32 replica on every rank) |
+| stream_buffers | a streamed step (torch backend, `magic.learner.streaming`): P·4 per loss term whose gradient it accumulates apart (`stream_buffer_count`) |
 | runtime | CUDA context and NCCL buffers (GPU, assumed 1.5 GiB); the Python process with torch and DeepSpeed (CPU, measured) |
 
 N is the tokens of one micro-batch: `micro_batch_tokens`, or prompt + T when one sequence is longer
@@ -188,6 +189,8 @@ class LearnerShape:
     """Memory of one GPU (80 GB for an H100/A100 80GB); None: not checked."""
     host_bytes: int | None = None
     """Memory limit of one learner pod (its container's limit); None: not checked."""
+    stream_buffers: int = 0
+    """Policy-sized float32 gradient buffers a streamed step holds (`stream_buffer_count`)."""
     host_weight_copy: bool = False
     """Rank 0 keeps a host copy of the whole published model (the `nccl` transport's filesystem
     snapshot for pods outside the broadcast group, written in the background)."""
@@ -252,7 +255,7 @@ def activation_bytes_per_token_layer(model: ModelShape, precision: str) -> float
     return a_h * model.hidden_size + a_i * model.intermediate_size
 
 
-STEADY = ("runtime", "weights", "gradients", "optimizer", "zero_buffers", "reference")
+STEADY = ("runtime", "weights", "gradients", "optimizer", "zero_buffers", "reference", "stream_buffers")
 """Components held through the whole step; the peak adds the largest of the phases' working sets."""
 PHASES = {"train": ("gathered", "activations", "logits"), "step": ("optimizer_step",), "publish": ("publish",)}
 """Working sets of the step's phases: forward/backward, the optimizer step, publishing (rank 0)."""
@@ -283,6 +286,8 @@ def per_rank_components(model: ModelShape, s: LearnerShape, rank0: bool = True) 
         c["gradients"] = P * b if z <= 1 else part * b + ZERO_BUCKET_ELEMENTS * b
         c["optimizer"] = 12 * part
         c["zero_buffers"] = ZERO_BUFFER_BYTES[z] * part
+    if s.stream_buffers and not ds:
+        c["stream_buffers"] = s.stream_buffers * P * 4
     if s.reference == "initial":
         c["reference"] = P * b / (W if z == 3 else 1)
     elif s.reference == "ema":
@@ -417,7 +422,9 @@ def shape_from_values(values: dict, sequence_tokens: int, reference: str = "none
     the chart's defaults): ranks, ZeRO stage, precision ("auto": bf16 on GPUs, fp32 on CPU),
     checkpointing, micro-batch budget, the GPU's memory (`learner.gpuMemory`, with a unit) and the
     pod's memory limit (`learner.resources.limits.memory`, else `learner.memoryPerRank.limitGi` ×
-    ranks). Raises ValueError naming the value that is not what the chart accepts."""
+    ranks), and on one rank (the torch backend, streaming on: the learner's default) the gradient
+    buffers of the recipe's streamed step (`RECIPE_STREAM_BUFFERS`). Raises ValueError naming the
+    value that is not what the chart accepts."""
     if not isinstance(values, dict):
         raise ValueError("the values are not a mapping")
     learner = values.get("learner") or {}
@@ -453,6 +460,7 @@ def shape_from_values(values: dict, sequence_tokens: int, reference: str = "none
         gpus=max(1, gpus),
         nodes=nodes,
         backend="deepspeed" if ranks > 1 else "torch",
+        stream_buffers=0 if ranks > 1 else RECIPE_STREAM_BUFFERS,
         zero_stage=zero_stage,
         precision=precision,
         activation_checkpointing=checkpointing,
@@ -466,7 +474,26 @@ def shape_from_values(values: dict, sequence_tokens: int, reference: str = "none
     )
 
 
-def learner_shape(settings, sequence_tokens: int, reference: str, device_bytes: int | None, host_bytes: int | None) -> LearnerShape:
+RECIPE_STREAM_BUFFERS = 2
+"""A streamed step of the recipe's stages (N_SGD = 1, GRPO, adaptive entropy control, no KL) holds two
+gradient buffers: the policy gradient's and the entropy bonus's (`stream_buffer_count`)."""
+
+
+def stream_buffer_count(stage, settings) -> int:
+    """Policy-sized gradient buffers a streamed step of `stage` holds on this learner: one per loss
+    term accumulated apart (`magic.learner.streaming`: the policy gradient; the batch estimator's
+    mean term; the entropy bonus when it may count; beta's KL), none where nothing is backpropagated
+    before the last group (streaming off, DeepSpeed or several ranks, N_SGD > 1 under a mini-batch
+    rule other than "slot", the batch estimator with Adv-Mask-After)."""
+    if not getattr(settings, "stream", False) or settings.backend != "torch" or max(1, settings.world_size) > 1:
+        return 0
+    batch = stage.advantage_estimator.value == "batch"
+    if (stage.n_sgd > 1 and stage.minibatch_rule != "slot") or (batch and stage.advantage_mask.value == "after"):
+        return 0
+    return 1 + int(batch) + int(bool(stage.entropy.adaptive or stage.entropy.coef)) + int(stage.kl_coef > 0)
+
+
+def learner_shape(settings, sequence_tokens: int, reference: str, device_bytes: int | None, host_bytes: int | None, stream_buffers: int = 0) -> LearnerShape:
     """The shape of this learner job from its `LearnerSettings` (world size, ZeRO stage, precision...)."""
     local = max(1, getattr(settings, "local_world_size", 1) or 1)
     world = max(1, settings.world_size)
@@ -485,14 +512,15 @@ def learner_shape(settings, sequence_tokens: int, reference: str, device_bytes: 
         device_bytes=device_bytes,
         host_bytes=host_bytes,
         host_weight_copy=getattr(settings.weight_transport, "type", "") == "nccl" and bool(getattr(settings.weight_transport, "snapshot", False)),
+        stream_buffers=stream_buffers,
     )
 
 
 def stage_problems(model: ModelShape, stage, settings, device_bytes: int | None, host_bytes: int | None) -> list[str]:
     """Why `stage` (a StageConfig) does not fit this learner, or []: its T plus the longest prompt
-    the plan assumes (`max_prompt_tokens`), its KL reference."""
+    the plan assumes (`max_prompt_tokens`), its KL reference, the gradient buffers of its streamed steps."""
     reference = stage.kl_reference if stage.kl_coef > 0 else "none"
-    shape = learner_shape(settings, settings.max_prompt_tokens + stage.context_length, reference, device_bytes, host_bytes)
+    shape = learner_shape(settings, settings.max_prompt_tokens + stage.context_length, reference, device_bytes, host_bytes, stream_buffer_count(stage, settings))
     if shape.backend == "torch" and shape.world > 1:
         return []
     return [f"stage {stage.name!r} (T = {stage.context_length}): {p}" for p in plan(model, shape).problems]

@@ -87,7 +87,7 @@ class StreamingStep:
         self.multi = stage.n_sgd > 1
         self.d_t = stage.train_batch_size or stage.rollout_batch_size
         self.first_streams = self.multi and stage.minibatch_rule == "slot"
-        self.kept: list[list[Sequence]] = []  # N_SGD > 1: the kept groups' sequences, c_i as their advantage until finish()
+        self.kept: dict[str, list[Sequence]] = {}  # N_SGD > 1: the kept groups' sequences by group id, c_i as their advantage until finish()
         self.measured = dict.fromkeys(("tokens", "entropy", "kl_rollout"), 0.0)
 
     # -- as groups arrive ------------------------------------------------------------------------
@@ -114,7 +114,7 @@ class StreamingStep:
                 mine.append(seq)
             seqs.extend(mine)
             if self.multi:
-                self.kept.append(mine)
+                self.kept[group.rollout.prompt.group_id] = mine
                 if self.first_streams and slot < self.d_t:
                     first.extend(mine)
         if self.multi:
@@ -178,7 +178,9 @@ class StreamingStep:
         logp, entropy = trainer.backend.forward(t["input_ids"], t["attention_mask"], stage.temperature)
         mask = t["response_mask"].to(logp.dtype)
         ratio = torch.exp(logp - logp.detach())  # 1, with the gradient of log pi
-        weights, is_sums = core_algos.behaviour_weights(logp, t["rollout_logp"], t["response_mask"], t["stale"], stage.rollout_is, stage.rollout_is_threshold)
+        # pi_prox: this forward pass at theta_k (N_SGD = 1), or the no-grad pass's, as the barrier's SGD steps weight it
+        prox = t["old_logp"].to(logp.dtype) if self.multi else logp
+        weights, is_sums = core_algos.behaviour_weights(prox, t["rollout_logp"], t["response_mask"], t["stale"], stage.rollout_is, stage.rollout_is_threshold)
         w = weights if weights is not None else torch.ones_like(logp)
         coef = t["advantages"].to(logp.dtype)  # (B, 1): each sample's coefficient c_i
         terms = {"lin": (coef * w * ratio * mask).sum()}
@@ -284,10 +286,10 @@ class StreamingStep:
         entropy_k = self.measured["entropy"] / total
         alpha, gate = control.alpha_for(ent_cfg, entropy_k)
         mu = mean if self.estimator == "batch" else 0.0  # LitePPO: r - mean_group is c_i already
-        for group in self.kept:
+        kept = [self.kept[group_id] for group_id in sorted(self.kept)]  # group-id order, as the learner hands the barrier its batch
+        for group in kept:
             for seq in group:
                 seq.advantage = scale * (seq.advantage - mu * seq.counted)
-        kept = sorted(self.kept, key=lambda g: g[0].slot)  # group order, as the barrier's
         minibatches = split_minibatches(kept, stage.n_minibatches, stage.minibatch_rule, self.d_t)
         loss_config = LossConfig.for_stage(stage, alpha)
         totals, grad_norms, tokens_seen = dict.fromkeys(self._streamed_sums(0.0, 0.0, 0.0), 0.0), [], 0
@@ -298,6 +300,7 @@ class StreamingStep:
                     if n_tok != self.sums["tokens"]:
                         raise RuntimeError(f"streamed {self.sums['tokens']:.0f} tokens of the first mini-batch, it holds {n_tok}")
                     grad_norm, sums = self._step(n_tok, scale, mean, alpha), self._streamed_sums(scale, mean, alpha)
+                    self.buffers.clear()  # not held through the other SGD steps
                 else:
                     sums, grad_norm, n_tok = trainer._sgd_step(mb, stage, loss_config, on_policy=False)
                 for k in totals:

@@ -67,6 +67,44 @@ def test_each_knob_moves_its_components():
     assert memory.per_rank_components(model, base, rank0=False).get("publish") is None
 
 
+def test_a_streamed_step_counts_its_gradient_buffers():
+    """One policy-sized float32 buffer per loss term a streamed step accumulates apart, on the torch
+    backend only, and none where nothing is backpropagated before the last group; a stage that fits
+    barrier-trained but not with its buffers is refused."""
+    from magic.config.schema import StageConfig
+    from magic.learner.settings import LearnerSettings
+
+    streamed, barrier = LearnerSettings(stream=True, backend="torch"), LearnerSettings(stream=False, backend="torch")
+    base = dict(steps=1, T=16, D_R=8, gs=4, entropy={"adaptive": False, "coef": 0.0})
+
+    def stage(**overrides) -> StageConfig:
+        return StageConfig.model_validate({**base, **overrides})
+
+    on_policy = stage()
+    assert memory.stream_buffer_count(on_policy, streamed) == 1 and memory.stream_buffer_count(on_policy, barrier) == 0
+    every_term = stage(advantage_estimator="batch", entropy={"adaptive": True}, beta=0.01)
+    assert memory.stream_buffer_count(every_term, streamed) == 4
+    assert memory.stream_buffer_count(every_term, LearnerSettings(stream=True, backend="deepspeed")) == 0
+    assert memory.stream_buffer_count(stage(D_T=4), streamed) == 0  # rule count: only the no-grad pass streams
+    assert memory.stream_buffer_count(stage(D_T=4, minibatch_rule="slot"), streamed) == 1
+
+    recipe = StageConfig.model_validate({"steps": 1, "T": 16, "D_R": 8, "gs": 4})  # the rest the schema's defaults: the recipe's stage
+    assert memory.stream_buffer_count(recipe, LearnerSettings()) == memory.RECIPE_STREAM_BUFFERS
+    assert memory.shape_from_values({"learner": {"gpus": 1}}, 4096).stream_buffers == memory.RECIPE_STREAM_BUFFERS  # `magic memory` on one rank
+    assert memory.shape_from_values({"learner": {"gpus": 8}}, 4096).stream_buffers == 0
+
+    model = ModelShape.from_path(MODEL_7B)
+    one_gpu = LearnerShape(backend="torch", zero_stage=0, precision="bf16", micro_batch_tokens=4096, sequence_tokens=4096, device_bytes=None)
+    base = memory.per_rank_components(model, one_gpu)
+    assert "stream_buffers" not in base
+    c = memory.per_rank_components(model, replace(one_gpu, stream_buffers=2))
+    assert c["stream_buffers"] == 2 * model.params * 4
+    assert memory.peak_bytes(c) - memory.peak_bytes(base) == 2 * model.params * 4  # held through the step
+    fits = memory.peak_bytes(base) / 0.9 * 1.001
+    assert memory.plan(model, replace(one_gpu, device_bytes=int(fits))).fits
+    assert not memory.plan(model, replace(one_gpu, device_bytes=int(fits), stream_buffers=1)).fits
+
+
 def test_a_shape_that_does_not_fit_names_the_knob():
     model = ModelShape.from_path(MODEL_7B)
     one_gpu = LearnerShape(gpus=1, nodes=1, backend="torch", precision="fp32", activation_checkpointing=False)

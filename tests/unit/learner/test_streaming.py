@@ -114,6 +114,7 @@ MULTI = {  # N_SGD > 1 over 6 groups (D_R = 6); groups[2] rejected, groups[4] dr
     "slot-batch-constant-entropy": dict(minibatch_rule="slot", D_T=3, advantage_estimator="batch", entropy={"adaptive": False, "coef": 0.01}),
     "slot-first-minibatch-rejected": dict(minibatch_rule="slot", D_T=1, _reject_first=True),  # nothing of slot 0 streams: mini-batch 1 comes first
     "slot-stale-s1-truncate": dict(minibatch_rule="slot", D_T=3, max_staleness=1, rollout_is="truncate", rollout_is_threshold=1.5),
+    "slot-stale-s1-mask-batch": dict(minibatch_rule="slot", D_T=3, max_staleness=1, rollout_is="mask", rollout_is_threshold=60.0, advantage_estimator="batch"),
     "count-grpo-reuse2": dict(minibatch_rule="count", D_T=3, N_reuse=2, dual_clip=3.0),  # the no-grad pass streams, the SGD steps wait
     "size-rloo-kl": dict(minibatch_rule="size", D_T=2, advantage_estimator="rloo", beta=0.05),
 }
