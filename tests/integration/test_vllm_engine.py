@@ -362,39 +362,25 @@ def _served(url: str) -> str | None:
 
 
 def test_a_server_that_dies_at_any_moment_is_resynced_never_failing_the_run(r, vllm_model_dir, tmp_path):
-    """A sidecar vLLM server (not started by the engine) killed while its worker is idle, and
-    killed between the pause and the reload of a new version: the worker's poll raises
-    VllmServerDied — a WorkerRestart, so the runtime attaches the worker again and the run goes
-    on — never a ConnectError (a fatal error that failed the run). Restarted on the same address
-    it serves its initial weights under no label: an engine that believes it serves v2 refuses to
-    sample there, and the worker attached again loads v2 before it generates anything."""
+    """A sidecar vLLM server (not started by the engine) killed between the pause and the reload of
+    a new version, and killed while its worker is idle: the worker's poll raises VllmServerDied — a
+    WorkerRestart, so the runtime attaches the worker again and the run goes on — never a
+    ConnectError (a fatal error that failed the run). Restarted on the same address it serves its
+    initial weights under no label: an engine that believes it serves v2 refuses to sample there,
+    and the worker attached again loads v2 before it generates anything. (Two server starts: the
+    idle kill comes last, so no third start is needed.)"""
     config = VllmServerConfig(model=str(vllm_model_dir), python=VLLM_PYTHON, max_model_len=MAX_MODEL_LEN, port=free_port())
     sidecar = VllmServer(config, tmp_path / "sidecar.log").start(timeout=900)
     try:
-        worker = _worker(r, VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300), tmp_path)
-        v1 = perturbed(vllm_model_dir, tmp_path / "m1", 1).directory
-        _publish_weights(r, tmp_path, v1, 1)
+        engine = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
+        worker = _worker(r, engine, tmp_path)
+        _publish_weights(r, tmp_path, perturbed(vllm_model_dir, tmp_path / "m1", 1).directory, 1)
         deadline = time.monotonic() + 120
         while worker.engine.version != 1:
             assert time.monotonic() < deadline, "the worker never loaded v1"
             worker.poll()
         assert _served(sidecar.url) == "1"
-        # killed while the worker is idle; the next version's reload meets the dead server
-        os.kill(sidecar.proc.pid, signal.SIGKILL)
-        sidecar.proc.wait(30)
-        _publish_weights(r, tmp_path, perturbed(vllm_model_dir, tmp_path / "m2", 2).directory, 2)
-        with pytest.raises(VllmServerDied, match="loading v2 .* failed"):
-            for _ in range(50):
-                worker.poll()
-        worker.close()
-        sidecar.start(timeout=900)  # the kubelet restarts the container: same address, initial weights, no label
-        stale = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
-        stale.version = 2  # an engine that did not notice the restart
-        with pytest.raises(VllmServerDied, match="not v2: it restarted"):
-            stale.submit("g", GenerationRequest([1, 2, 3], n=1, max_tokens=4))
-        stale.close()
-        # killed again, between the pause and the reload (mid-reload)
-        engine = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
+        # killed between the pause and the reload of v2 (mid-reload)
         post = engine._post
 
         def dies_after_pause(path, **kw):
@@ -405,12 +391,17 @@ def test_a_server_that_dies_at_any_moment_is_resynced_never_failing_the_run(r, v
             return out
 
         engine._post = dies_after_pause
-        worker = _worker(r, engine, tmp_path)
+        _publish_weights(r, tmp_path, perturbed(vllm_model_dir, tmp_path / "m2", 2).directory, 2)
         with pytest.raises(VllmServerDied):
             for _ in range(50):
                 worker.poll()
         worker.close()
-        sidecar.start(timeout=900)
+        sidecar.start(timeout=900)  # the kubelet restarts the container: same address, initial weights, no label
+        stale = VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300)
+        stale.version = 2  # an engine that did not notice the restart
+        with pytest.raises(VllmServerDied, match="not v2: it restarted"):
+            stale.submit("g", GenerationRequest([1, 2, 3], n=1, max_tokens=4))
+        stale.close()
         back = _worker(r, VllmEngine(sidecar.url, str(vllm_model_dir), max_batch_sequences=64, timeout=300), tmp_path)
         deadline = time.monotonic() + 120
         while back.engine.version != 2:  # attached again: the newest version first
@@ -423,6 +414,13 @@ def test_a_server_that_dies_at_any_moment_is_resynced_never_failing_the_run(r, v
             back.poll()
         [group] = _rollouts(r)
         assert {s.policy_version for s in group.samples} == {2}
+        # killed while the worker is idle: the next version's reload meets the dead server
+        os.kill(sidecar.proc.pid, signal.SIGKILL)
+        sidecar.proc.wait(30)
+        _publish_weights(r, tmp_path, perturbed(vllm_model_dir, tmp_path / "m3", 3).directory, 3)
+        with pytest.raises(VllmServerDied, match="loading v3 .* failed"):
+            for _ in range(50):
+                back.poll()
         back.close()
     finally:
         sidecar.stop()
