@@ -47,8 +47,9 @@ import torch
 from magic.config.schema import StageConfig
 from magic.learner import core_algos
 from magic.learner.backends import TorchBackend
-from magic.learner.batching import Sequence, batch_stats, build_sequences, collate, group_slot, of_version, scatter_response, split_minibatches
+from magic.learner.batching import Sequence, batch_stats, build_sequences, collate, group_slot, of_version, split_minibatches
 from magic.learner.core_algos import LossConfig
+from magic.learner.trainer import step_averages
 from magic.protocol.pb import messages_pb2 as pb
 
 GROUP_PART = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "lite_ppo": "drgrpo"}
@@ -127,23 +128,14 @@ class StreamingStep:
                 self._backward(mb)
         self.train_seconds += time.perf_counter() - t0
 
-    @torch.no_grad()
     def _measure(self, seqs: list[Sequence]) -> None:
         """The barrier's no-grad pass at theta_k (`Trainer._measure`) over these sequences: their
         old and reference log-probs, and the sums of e_k and of the rollout-vs-learner figures."""
-        trainer, stage = self.trainer, self.stage
-        trainer.backend.train(False)
-        for mb in trainer._local_micro_batches(seqs):
-            t = collate(mb, trainer.pad_id, trainer.device)
-            logp, entropy = trainer.backend.forward(t["input_ids"], t["attention_mask"], stage.temperature)
-            mask = t["response_mask"]
-            scatter_response(mb, logp, "old_logp")
-            if self.ref is not None:
-                scatter_response(mb, trainer.backend.reference_forward(self.ref, t["input_ids"], t["attention_mask"], stage.temperature), "ref_logp")
-            self.measured["tokens"] += float(mask.sum())
-            self.measured["entropy"] += float((entropy * mask).sum())
-            self.measured["kl_rollout"] += float((core_algos.k3_kl(logp, t["rollout_logp"]) * mask).sum())
-            self.diff_max = max(self.diff_max, float(((t["rollout_logp"] - logp) * mask).abs().max()))
+        entropy, figures = self.trainer._measure([seqs], self.stage, old=True, ref=self.ref)
+        self.measured["tokens"] += sum(s.response_len for s in seqs)
+        self.measured["entropy"] += entropy
+        self.measured["kl_rollout"] += figures["kl_rollout"]
+        self.diff_max = max(self.diff_max, figures["rollout_logprob_diff_max"])
 
     def _coefficients(self, group: pb.ScoredGroup) -> tuple[list[float], list[float]] | None:
         """The group's own part of its advantages c_i and, for the batch estimator, which samples
@@ -243,12 +235,11 @@ class StreamingStep:
             alpha, gate = control.alpha_for(ent_cfg, entropy_k if control.gate_needs_entropy_first(ent_cfg) else None)
             grad_norm = self._step(n, scale, mean, alpha)
             gate = control.finish_step(ent_cfg, entropy_k, gate)
-            streamed = self._streamed_sums(scale, mean, alpha)
             metrics.update(
-                {("entropy_trained" if k == "entropy" else k): v / n for k, v in streamed.items() if k != "kl_ref" or self.ref is not None},
+                step_averages([(self._streamed_sums(scale, mean, alpha), grad_norm, n)], with_ref=self.ref is not None),
                 kl_rollout=self.sums["kl_rollout"] / n, rollout_logprob_diff_max=self.diff_max,
                 entropy=entropy_k, entropy_bonus_active=float(gate), entropy_alpha=alpha, entropy_coef_next=control.current(ent_cfg),
-                grad_norm=grad_norm, tokens_trained=n, sgd_steps=1.0, lr=stage.lr, measure_seconds=0.0,
+                tokens_trained=n, lr=stage.lr, measure_seconds=0.0,
             )
         metrics.update(streamed_train_seconds=self.train_seconds, finish_seconds=time.perf_counter() - t0)
         self.buffers.clear()
@@ -291,29 +282,24 @@ class StreamingStep:
             for seq in group:
                 seq.advantage = scale * (seq.advantage - mu * seq.counted)
         minibatches = split_minibatches(kept, stage.n_minibatches, stage.minibatch_rule, self.d_t)
-        loss_config = LossConfig.for_stage(stage, alpha)
-        totals, grad_norms, tokens_seen = dict.fromkeys(self._streamed_sums(0.0, 0.0, 0.0), 0.0), [], 0
-        for r in range(stage.reuse):
-            for i, mb in enumerate(minibatches):
-                if r == 0 and i == 0 and self.first_streams and mb[0].slot < self.d_t:  # its groups' gradient is in the buffers
-                    n_tok = sum(s.response_len for s in mb)
-                    if n_tok != self.sums["tokens"]:
-                        raise RuntimeError(f"streamed {self.sums['tokens']:.0f} tokens of the first mini-batch, it holds {n_tok}")
-                    grad_norm, sums = self._step(n_tok, scale, mean, alpha), self._streamed_sums(scale, mean, alpha)
-                    self.buffers.clear()  # not held through the other SGD steps
-                else:
-                    sums, grad_norm, n_tok = trainer._sgd_step(mb, stage, loss_config, on_policy=False)
-                for k in totals:
-                    totals[k] += sums.get(k, 0.0)
-                grad_norms.append(grad_norm)
-                tokens_seen += n_tok
+
+        def streamed(mb: list[Sequence]) -> tuple[dict[str, float], float, int]:
+            """The first mini-batch's step from the gradient its groups left in the buffers."""
+            n_tok = sum(s.response_len for s in mb)
+            if n_tok != self.sums["tokens"]:
+                raise RuntimeError(f"streamed {self.sums['tokens']:.0f} tokens of the first mini-batch, it holds {n_tok}")
+            grad_norm = self._step(n_tok, scale, mean, alpha)
+            self.buffers.clear()  # not held through the other SGD steps
+            return self._streamed_sums(scale, mean, alpha), grad_norm, n_tok
+
+        first = streamed if self.first_streams and minibatches[0][0].slot < self.d_t else None  # chunk 0 kept: its gradient is in the buffers
+        steps = trainer.sgd_passes(minibatches, stage, LossConfig.for_stage(stage, alpha), on_policy=False, first=first)
         gate = control.finish_step(ent_cfg, entropy_k, gate)
         return {
-            **{("entropy_trained" if k == "entropy" else k): v / tokens_seen for k, v in totals.items() if k != "kl_ref" or self.ref is not None},
+            **step_averages(steps, with_ref=self.ref is not None),
             "kl_rollout": self.measured["kl_rollout"] / total, "rollout_logprob_diff_max": self.diff_max,
             "entropy": entropy_k, "entropy_bonus_active": float(gate), "entropy_alpha": alpha, "entropy_coef_next": control.current(ent_cfg),
-            "grad_norm": sum(grad_norms) / len(grad_norms), "tokens_trained": total, "sgd_steps": float(len(grad_norms)), "lr": stage.lr,
-            "measure_seconds": 0.0,
+            "tokens_trained": total, "lr": stage.lr, "measure_seconds": 0.0,
         }
 
     def _batch_scalars(self) -> tuple[float, float]:

@@ -51,6 +51,15 @@ SUM_KEYS = (
 )
 
 
+def step_averages(steps: list[tuple[dict[str, float], float, int]], with_ref: bool) -> dict[str, float]:
+    """A step's figures from its SGD steps' (metric sums, grad norm, tokens): each of `SUM_KEYS` per
+    token over all of them (`entropy` as `entropy_trained`; `kl_ref` only `with_ref`), the mean
+    grad norm and the number of SGD steps."""
+    tokens = sum(n for _, _, n in steps)
+    out = {("entropy_trained" if k == "entropy" else k): sum(sums[k] for sums, _, _ in steps) / tokens for k in SUM_KEYS if k != "kl_ref" or with_ref}
+    return out | {"grad_norm": sum(g for _, g, _ in steps) / len(steps), "sgd_steps": float(len(steps))}
+
+
 @dataclass
 class Trainer:
     """Owns the backend (policy + optimizer), the reference policy and the entropy controller;
@@ -187,38 +196,36 @@ class Trainer:
         alpha, gate = entropy_control.alpha_for(ent, entropy_k)
         loss_config = LossConfig.for_stage(stage, alpha)
 
-        totals = dict.fromkeys(SUM_KEYS, 0.0)
-        grad_norms: list[float] = []
-        tokens_seen = 0
-        first_entropy = None
-        for _ in range(stage.reuse):
-            for mb in minibatches:
-                sums, grad_norm, n_tok = self._sgd_step(mb, stage, loss_config, on_policy)
-                if first_entropy is None:
-                    first_entropy = sums["entropy"] / n_tok
-                    if on_policy and "kl_rollout" not in metrics:
-                        metrics.update(kl_rollout=sums["kl_rollout"] / n_tok, rollout_logprob_diff_max=sums["rollout_logprob_diff_max"])
-                for k in SUM_KEYS:
-                    totals[k] += sums[k]
-                grad_norms.append(grad_norm)
-                tokens_seen += n_tok
+        steps = self.sgd_passes(minibatches, stage, loss_config, on_policy)
+        first_sums, _, first_tokens = steps[0]
+        if on_policy and "kl_rollout" not in metrics:  # the sampler's log-probs against the first forward pass (pi_k)
+            metrics.update(kl_rollout=first_sums["kl_rollout"] / first_tokens, rollout_logprob_diff_max=first_sums["rollout_logprob_diff_max"])
         if entropy_k is None:  # on-policy: the single forward pass ran at theta_k over the whole batch
-            entropy_k = first_entropy
+            entropy_k = first_sums["entropy"] / first_tokens
         gate = entropy_control.finish_step(ent, entropy_k, gate)
-        averages = {("entropy_trained" if k == "entropy" else k): totals[k] / tokens_seen for k in SUM_KEYS if k != "kl_ref" or ref is not None}
         metrics.update(
-            averages,
+            step_averages(steps, with_ref=ref is not None),
             entropy=entropy_k,
             entropy_bonus_active=float(gate),
             entropy_alpha=alpha,
             entropy_coef_next=entropy_control.current(ent),
-            grad_norm=sum(grad_norms) / len(grad_norms),
             tokens_trained=float(total_tokens),
-            sgd_steps=float(len(grad_norms)),
             lr=stage.lr,
         )
         self._update_ema(stage)
         return metrics
+
+    def sgd_passes(
+        self, minibatches: list[list[Sequence]], stage: StageConfig, loss_config: LossConfig, on_policy: bool,
+        first: Callable[[list[Sequence]], tuple[dict[str, float], float, int]] | None = None,
+    ) -> list[tuple[dict[str, float], float, int]]:
+        """The N_reuse passes over the mini-batches (eq. 4.1), one optimizer step each (`_sgd_step`);
+        `first`, when given, takes the first pass's first mini-batch instead (the streamed step's
+        update, `magic.learner.streaming`). Returns each step's (metric sums, grad norm, tokens)."""
+        return [
+            first(mb) if first is not None and r == 0 and i == 0 else self._sgd_step(mb, stage, loss_config, on_policy)
+            for r in range(stage.reuse) for i, mb in enumerate(minibatches)
+        ]
 
     def _update_ema(self, stage: StageConfig) -> None:
         """pi_ref <- d * pi_ref + (1 - d) * pi_theta once the EMA reference exists (after every step)."""

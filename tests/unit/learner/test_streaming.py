@@ -15,6 +15,8 @@ from learner_batches import scored_groups, stage
 from magic import modeling
 from magic.config.schema import OptimConfig
 from magic.learner.backends import TorchBackend
+from magic.learner.memory import stream_buffer_count
+from magic.learner.settings import LearnerSettings
 from magic.learner.streaming import StreamingStep, why_not
 from magic.learner.trainer import Trainer
 
@@ -92,6 +94,7 @@ def test_the_streamed_update_equals_the_barrier_update_in_any_arrival_order(tiny
         step = StreamingStep(streamer, version, st)
         for g in order:
             step.add(g)
+        assert len(step.buffers) == stream_buffer_count(st, LearnerSettings()), case  # what the memory plan counts
         got = step.finish()
         for k, w in want.items():  # within 1e-5 relative, tensor by tensor (the float64 test model's RMSNorm computes in float32:
             v = streamer.backend.policy.state_dict()[k]  # the gradients agree to ~1e-7, summed in another order)
@@ -156,6 +159,7 @@ def test_with_n_sgd_above_1_the_streamed_step_equals_the_barrier_step(tiny_model
         assert step.measured["tokens"] == expected["tokens_trained"]
         first_streams = st.minibatch_rule == "slot" and not reject_first
         assert (step.sums["tokens"] > 0) == first_streams, case
+        assert len(step.buffers) == (stream_buffer_count(st, LearnerSettings()) if first_streams else 0), case  # what the memory plan counts
         got = step.finish()
         for k, w in want.items():
             v = streamer.backend.policy.state_dict()[k]
