@@ -24,6 +24,7 @@ from pathlib import Path
 
 from magic.learner.checkpoints import MODEL_ASSETS, checkpoint_versions, unusable
 from magic.protocol.layout import checkpoint_name
+from magic.protocol.layout import checkpoint_root as run_checkpoint_root
 
 LOCAL_DATA_DIR = ".magic/local/data"
 """The data directory of `magic local`'s default --out (.magic/local)."""
@@ -36,7 +37,7 @@ class ExportError(ValueError):
 
 
 def checkpoint_root(data_dir: str | Path, run: str) -> Path:
-    return Path(data_dir) / "runs" / run / "checkpoints"
+    return run_checkpoint_root(Path(data_dir) / "runs" / run)
 
 
 def available_steps(root: Path) -> list[int]:

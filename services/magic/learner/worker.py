@@ -53,6 +53,7 @@ from magic.observability import metrics as m
 from magic.observability.metrics import registry_of, serve_http
 from magic.observability.logs import setup_logging
 from magic.protocol import keys
+from magic.protocol.layout import checkpoint_root as run_checkpoint_root
 from magic.protocol.pb import messages_pb2 as pb
 from magic.runtime import faults
 from magic.runtime.liveness import LoopWatch
@@ -81,7 +82,7 @@ def run_dir(settings: LearnerSettings, run_id: str) -> Path:
 
 
 def checkpoint_root(settings: LearnerSettings, run_id: str) -> Path:
-    return run_dir(settings, run_id) / "checkpoints"
+    return run_checkpoint_root(run_dir(settings, run_id))
 
 
 def _device(settings: LearnerSettings) -> torch.device:

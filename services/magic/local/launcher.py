@@ -41,6 +41,7 @@ from magic.controller.datasets import load_jsonl
 from magic.local.options import stage_plan
 from magic.local.redis_server import RedisServer
 from magic.local.supervisor import Supervisor
+from magic.protocol.layout import CHECKPOINT_MANIFEST, checkpoint_root
 from magic.protocol.status import TERMINAL, RunStatus
 from magic.rollout.settings import RolloutSettings
 from magic.rollout.vllm_server import default_python
@@ -308,7 +309,7 @@ def next_commands(out: Path, plot: Path, steps: int, run: str = "local") -> str:
         f"  xdg-open {plot}    # the curves: accuracy (rollout and held-out), entropy, response length and truncation per step (open on macOS)",
         f"  {magic} local --steps {max(3 * steps, 120)}    # a longer plan; --stages plan.json for your own stages ({magic} local --help)",
         *([f"  {magic} export {run} --data-dir {out / 'data'} --out {out.parent / (out.name + '-model')}    # the newest checkpoint as a model directory (outside --out, which the next run empties)"]
-          if any((out / "data" / "runs" / run / "checkpoints").glob("step-*/COMPLETE")) else []),
+          if any(checkpoint_root(out / "data" / "runs" / run).glob(f"step-*/{CHECKPOINT_MANIFEST}")) else []),
         *([f"  head -n 2 {newest}    # what the model wrote at the last validation (prompt, response, answer, verdict)"]
           if (newest := max((out / "data" / "runs" / run / "generations").glob("step-*.jsonl"), default=None)) else []),
     ])

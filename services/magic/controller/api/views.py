@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from magic.config.schema import RunSpec
 from magic.controller.api.deps import Controller, spec_or_404
 from magic.controller.validation import best
-from magic.protocol.layout import CHECKPOINT_MANIFEST, checkpoint_name
+from magic.protocol.layout import CHECKPOINT_MANIFEST, checkpoint_name, checkpoint_root
 from magic.protocol.status import Phase, RunStatus
 
 THROUGHPUT_STEPS = 10
@@ -96,7 +96,7 @@ def best_validation(c: Controller, run_id: str, spec: RunSpec) -> dict | None:
         return None
     version, value = top
     name = checkpoint_name(version) if version > 0 else None
-    written = name is not None and (c.runs[run_id].run_dir / "checkpoints" / name / CHECKPOINT_MANIFEST).is_file()
+    written = name is not None and (checkpoint_root(c.runs[run_id].run_dir) / name / CHECKPOINT_MANIFEST).is_file()
     return {"policy_version": version, "by": spec.validation.best_by, "value": value, "checkpoint": name, "checkpoint_written": written}
 
 
