@@ -3,10 +3,13 @@ and the verifier keeps working afterwards."""
 
 from __future__ import annotations
 
+import random
+import re
 import time
 
 import pytest
 
+from magic.reward.math.extract import strip_closing
 from magic.reward.scoring import verify_math
 from magic.reward.timeboxed import TimeboxedPool
 
@@ -58,3 +61,52 @@ def test_the_verifier_still_works_after_the_hostile_suite(pool):
     for gold, answer in [("4", r"\boxed{4}"), (r"\frac12", r"\boxed{0.5}")]:
         result = pool.call(verify_math, "magic", answer, gold, "")
         assert result.status == "ok" and result.value.correct
+
+
+# -- degenerate responses: long runs of white space or repeated remarks, where a backtracking
+# pattern over the response's end would take time polynomial (up to cubic) in the run's length --
+
+RUN = 3000
+NEAR = 1900  # a statement is read only in the response's last 2,000 characters (extract._ANSWER_TAIL_CHARS)
+DEGENERATE = {
+    # name: (response, the verdict its statement gives against gold 7)
+    "line breaks between two words": ("x" + "\n" * RUN + "y", "no_answer"),
+    "spaces between two words": ("a" + " " * 20_000 + "b", "no_answer"),
+    "spaces after the statement's verb": ("The answer is" + " " * NEAR + "7", "correct"),
+    "line breaks after the statement's verb": ("The final answer is" + "\n" * NEAR + "7.", "correct"),
+    "an empty answer line": ("Answer:" + "\n" * RUN + "x", "no_answer"),
+    "line breaks after a statement": ("Final answer: 7" + "\n \n" * RUN, "correct"),
+    "white space before a GSM8K line": ("<think>3+4</think>" + "\t\n" * RUN + "#### 7", "correct"),
+    "a box left open": ("\\boxed{" + "\n" * RUN, "no_answer"),
+    "stars and line breaks": ("*\n" * RUN + "Answer: 7", "correct"),
+    "closing remarks repeated": ("The answer is 7." + " I hope it helps" * RUN, "correct"),
+    "a chain of thought cut at T": ("We add the numbers one at a time and check each partial sum. " * 1000, "no_answer"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_a_degenerate_response_is_judged_not_timed_out(pool, name):
+    """Each is judged in milliseconds (before the end of the response was read by patterns that
+    backtracked over white space, 2,000 line breaks took minutes): within the bound, with the
+    verdict its final statement gives."""
+    response, verdict = DEGENERATE[name]
+    result = pool.call(verify_math, "magic", response, "7", "")
+    assert result.status == "ok", f"{name}: {result.status} after {result.seconds:.1f}s"
+    assert result.value.status.value == verdict, (name, result.value)
+
+
+_CLOSING_AS_ONE_PATTERN = re.compile(  # strip_closing's former definition: one pattern searched over the whole text
+    r"(?:\s*(?:I hope (?:it|this) is correct|I hope (?:this|that|it) helps|Hope (?:this|that|it) helps)[.!]?"
+    r"|\s*<\|(?:im_end|endoftext|eot_id|im_start)\|>(?:user|assistant)?|\s*</s>)+\s*$",
+    re.IGNORECASE,
+)
+
+
+def test_strip_closing_reads_from_the_end_as_the_pattern_over_the_whole_text_did():
+    pieces = ["I hope it is correct", "i HOPE this helps", "Hope that helps", "hope it helps", "I ", "I", " ", "\n", "\t",
+              ".", "!", "x", "42", "$5$", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|im_start|>", "user", "assistant",
+              "</s>", "<|im_end|>user", "Hope", "helps", "correct", "\u00a0", "\u2003"]
+    rng = random.Random(0)
+    for _ in range(50_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9)))
+        assert strip_closing(text) == _CLOSING_AS_ONE_PATTERN.sub("", text), repr(text)

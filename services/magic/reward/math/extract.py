@@ -155,21 +155,54 @@ _GSM8K_ANSWER = re.compile(r"(?:^|\n)\s*####\s*([^\n]{1,300}?)\s*$")
 
 
 _CLOSING = re.compile(
-    r"(?:\s*(?:I hope (?:it|this) is correct|I hope (?:this|that|it) helps|Hope (?:this|that|it) helps)[.!]?"
-    r"|\s*<\|(?:im_end|endoftext|eot_id|im_start)\|>(?:user|assistant)?|\s*</s>)+\s*$",
+    r"(?:I hope (?:it|this) is correct|I hope (?:this|that|it) helps|Hope (?:this|that|it) helps)[.!]?$"
+    r"|<\|(?:im_end|endoftext|eot_id|im_start)\|>(?:user|assistant)?$|</s>$",
     re.IGNORECASE,
 )
-"""Closing remarks and end-of-turn tokens after a final answer (the MATH few-shot format ends
-"Final Answer: The final answer is $28$. I hope it is correct.")."""
+"""One closing remark or end-of-turn token ending a text: what follows a final answer (the MATH
+few-shot format ends "Final Answer: The final answer is $28$. I hope it is correct.")."""
+_CLOSING_MAX_CHARS = 32
+"""The longest text `_CLOSING` matches (``<|im_start|>assistant``: 21 characters)."""
+
+
+_LONG_SPACE = re.compile(r"\s{5,}")
+
+
+def squeeze_space(text: str) -> str:
+    """`text` with each run of more than four white-space characters shortened to a paragraph
+    break (when it holds a line break) or one space.
+
+    The answer-statement patterns (`_FINAL_ANSWER`, `_GSM8K_ANSWER`) allow white space in several
+    adjacent places, so over a long run of it a backtracking match takes time cubic in the run's
+    length: 2,000 line breaks (a degenerate policy's output) took minutes. A run of at most four
+    bounds that, and the statement reads the same.
+
+    >>> squeeze_space("The answer is" + " " * 9 + "7"), squeeze_space("a\\n" + "\\n" * 9 + "Answer: 7")
+    ('The answer is 7', 'a\\n\\nAnswer: 7')
+    """
+    return _LONG_SPACE.sub(lambda m: "\n\n" if "\n" in m.group() else " ", text)
 
 
 def strip_closing(text: str) -> str:
-    """`text` without the closing remarks that follow a final answer.
+    """`text` without the closing remarks and end-of-turn tokens that end it (with the white
+    space around them); unchanged when none ends it.
+
+    Read from the end, one remark at a time (the longest that ends the text), so its cost is the
+    remarks' length, not the text's: a regex searched over the whole text tried every position
+    (≈ 16 ms for a 20 kB chain of thought cut at T, the slowest part of scoring it; quadratic over
+    a run of white space).
 
     >>> strip_closing("The final answer is $28$. I hope it is correct.<|im_end|>")
     'The final answer is $28$.'
     """
-    return _CLOSING.sub("", text)
+    end, cut = len(text), False
+    while True:
+        while end and text[end - 1].isspace():
+            end -= 1
+        m = _CLOSING.search(text, max(0, end - _CLOSING_MAX_CHARS), end)
+        if m is None:
+            return text[:end] if cut else text
+        end, cut = m.start(), True
 
 
 _MATH_SPAN = re.compile(r"\$\$(?P<a>[^$]+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>[^\n]+?)\\\)|\$(?P<d>[^$\n]+?)\$", re.DOTALL)
@@ -242,7 +275,7 @@ def extract_answer(response: str) -> str | None:
     boxes = trailing_boxes(region)
     if boxes:
         return ", ".join(b.strip() for b in boxes)
-    tail = strip_closing(region[-_ANSWER_TAIL_CHARS:]).rstrip()
+    tail = squeeze_space(strip_closing(region[-_ANSWER_TAIL_CHARS:]).rstrip())
     gsm8k = _GSM8K_ANSWER.search(tail)
     if gsm8k:
         return gsm8k.group(1).strip().strip("$").strip() or None
