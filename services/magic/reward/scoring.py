@@ -36,6 +36,9 @@ from magic.reward.timeboxed import TimeboxedPool
 
 log = logging.getLogger(__name__)
 
+MATH_CHUNK = 16
+"""Math samples handed to a verifier process in one message (`TimeboxedPool.call_many`): a
+group at the recipe's gs. Larger saves little more and lets one slow chunk hold back the others."""
 SLOW_SECONDS = 2.0
 """Verifications slower than this are logged."""
 PB_VERDICT = {
@@ -103,21 +106,47 @@ class Scorer:
 
     def verdict(self, sample: Sample) -> tuple[str, Verdict]:
         """The verdict on one sample and the kind of verifier that gave it; never raises."""
-        kind = self.kind(sample.data_source)
-        REWARD_INFLIGHT.labels(kind=kind).inc()
+        return self.verdicts([sample])[0]
+
+    def verdicts(self, samples: list[Sample]) -> list[tuple[str, Verdict]]:
+        """The verdicts on `samples` (in their order) and the kind of verifier that gave each;
+        never raises. Math samples go to the timeboxed workers `MATH_CHUNK` at a time (one round
+        trip each chunk), code samples to the code judge one by one, concurrently."""
+        kinds = [self.kind(s.data_source) for s in samples]
+        math = [i for i, k in enumerate(kinds) if k == "math"]
+        jobs = [("math", math[j : j + MATH_CHUNK]) for j in range(0, len(math), MATH_CHUNK)]
+        jobs += [("code", [i]) for i, k in enumerate(kinds) if k == "code"]
+        out: list[tuple[str, Verdict]] = [("", Verdict(Status.error, "", "not judged"))] * len(samples)
+
+        def judge(job: tuple[str, list[int]]) -> None:
+            kind, idx = job
+            for i, v in zip(idx, self._judged(kind, [samples[i] for i in idx])):
+                out[i] = (kind, v)
+
+        if len(jobs) == 1:
+            judge(jobs[0])
+        else:
+            list(self._executor.map(judge, jobs))
+        return out
+
+    def _judged(self, kind: str, samples: list[Sample]) -> list[Verdict]:
+        REWARD_INFLIGHT.labels(kind=kind).inc(len(samples))
         try:
             if kind == "code":
-                return kind, self.code.verify(sample.response, sample.ground_truth)
-            return kind, self._verify_math(sample)
-        except Exception as exc:  # noqa: BLE001 — a verifier failure is this sample's verdict
+                return [self.code.verify(s.response, s.ground_truth) for s in samples]
+            return self._verify_math(samples)
+        except Exception as exc:  # noqa: BLE001 — a verifier failure is these samples' verdict
             # (math runs in worker processes, so this is never a sympy object's message)
-            log.exception("verifying a %s sample failed", kind)
-            return kind, Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")
+            log.exception("verifying %d %s sample(s) failed", len(samples), kind)
+            return [Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")] * len(samples)
         finally:
-            REWARD_INFLIGHT.labels(kind=kind).dec()
+            REWARD_INFLIGHT.labels(kind=kind).dec(len(samples))
 
-    def _verify_math(self, sample: Sample) -> Verdict:
-        result = self.math_pool.call(verify_math, self.settings.math.verifier, sample.response, sample.ground_truth, sample.problem)
+    def _verify_math(self, samples: list[Sample]) -> list[Verdict]:
+        calls = [(self.settings.math.verifier, s.response, s.ground_truth, s.problem) for s in samples]
+        return [self._math_verdict(s, r) for s, r in zip(samples, self.math_pool.call_many(verify_math, calls))]
+
+    def _math_verdict(self, sample: Sample, result) -> Verdict:
         if result.status == "ok":
             return self._second_opinion(sample, result.value)
         if result.status == "timeout":
@@ -142,7 +171,13 @@ class Scorer:
 
     def score(self, sample: Sample) -> pb.Score:
         """Score one sample: its verdict, the penalties, and the reward."""
-        kind, v = self.verdict(sample)
+        return self.score_many([sample])[0]
+
+    def score_many(self, samples: list[Sample]) -> list[pb.Score]:
+        """Score samples concurrently (bounded by the pools); results in the same order."""
+        return [self._scored(s, kind, v) for s, (kind, v) in zip(samples, self.verdicts(samples))]
+
+    def _scored(self, sample: Sample, kind: str, v: Verdict) -> pb.Score:
         correctness = 1.0 if v.correct else 0.0
         settings = sample.penalties if sample.penalties is not None else self.settings.penalties
         penalties = compute_penalties(PenaltyInput(sample.response, sample.response_tokens, sample.max_tokens), settings)
@@ -166,17 +201,11 @@ class Scorer:
             answer=v.answer[:200] if kind == "math" else "",  # the vote of maj@n: a program's text is none
         )
 
-    def score_many(self, samples: list[Sample]) -> list[pb.Score]:
-        """Score samples concurrently (bounded by the pools); results in the same order."""
-        if len(samples) == 1:
-            return [self.score(samples[0])]
-        return list(self._executor.map(self.score, samples))
-
     def warm_up(self) -> None:
         """Verify a trivial answer, so the first real sample pays no start-up cost and a
         misconfiguration shows at start; then `ready()`. (The code judge checks its own sandbox:
         its readiness is its own.)"""
-        v = self._verify_math(Sample("math", "\\boxed{1}", "1"))
+        v = self._verify_math([Sample("math", "\\boxed{1}", "1")])[0]
         if not v.correct:
             raise RuntimeError(f"the math verifier failed its self-check: {v.status.value} ({v.details})")
         self._ready.set()

@@ -60,7 +60,8 @@ class CallResult:
 
 
 def worker_main(fd: int, memory_bytes: int, preload: Sequence[str], path: Sequence[str] = ()) -> None:
-    """A worker's loop: receive (fn, args), send back ("ok", value) or ("error", type name)."""
+    """A worker's loop: receive (fn, [args, ...]) and send back, call by call as each ends,
+    ("ok", value) or ("error", type name); ("unreadable", why) once for a message it cannot unpickle."""
     import importlib
 
     die_with_parent(signal.SIGKILL)
@@ -78,19 +79,20 @@ def worker_main(fd: int, memory_bytes: int, preload: Sequence[str], path: Sequen
         except (EOFError, OSError):
             return
         except Exception as exc:  # noqa: BLE001 — e.g. a function this process cannot import
-            conn.send(("error", f"cannot unpickle the call ({type(exc).__name__})"))
+            conn.send(("unreadable", f"cannot unpickle the call ({type(exc).__name__})"))
             continue
         if task is None:
             return
-        fn, args = task
-        try:
-            reply = ("ok", fn(*args))
-        except BaseException as exc:  # noqa: BLE001 — reported as data, the worker lives on
-            reply = ("error", type(exc).__name__)
-        try:
-            conn.send(reply)
-        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
-            conn.send(("error", f"unsendable result ({type(exc).__name__})"))
+        fn, calls = task
+        for args in calls:
+            try:
+                reply = ("ok", fn(*args))
+            except BaseException as exc:  # noqa: BLE001 — reported as data, the worker lives on
+                reply = ("error", type(exc).__name__)
+            try:
+                conn.send(reply)
+            except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+                conn.send(("error", f"unsendable result ({type(exc).__name__})"))
 
 
 class _Worker:
@@ -168,35 +170,51 @@ class TimeboxedPool:
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> CallResult:
         """Run ``fn(*args)`` in a worker; wait at most `timeout` seconds (default: the pool's)."""
+        return self.call_many(fn, [args], timeout=timeout)[0]
+
+    def call_many(self, fn: Callable[..., Any], calls: Sequence[tuple], timeout: float | None = None) -> list[CallResult]:
+        """``fn(*args)`` for each args of `calls`, in order, in one worker (another after a kill):
+        each call bounded at `timeout` seconds (default: the pool's) from the end of the one before."""
         if self._closed:
             raise RuntimeError("the pool is closed")
         bound = self.timeout if timeout is None else timeout
-        worker = self._idle.get()
+        results: list[CallResult] = []
+        while len(results) < len(calls):
+            results += self._run(self._idle.get(), fn, calls[len(results):], bound)
+        return results
+
+    def _run(self, worker: _Worker, fn: Callable[..., Any], calls: Sequence[tuple], bound: float) -> list[CallResult]:
+        """Some of `calls`, from the first: all of them, or up to the one that timed out or crashed."""
+        out: list[CallResult] = []
         t0 = time.perf_counter()
         replace = kill = False
         try:
             try:
                 if not worker.wait_ready():
                     replace = kill = True
-                    return CallResult("crashed", error="worker failed to start", seconds=time.perf_counter() - t0)
+                    return [CallResult("crashed", error="worker failed to start", seconds=time.perf_counter() - t0)]
+                worker.conn.send((fn, list(calls)))
                 t0 = time.perf_counter()
-                worker.conn.send((fn, args))
-                if worker.conn.poll(bound):
+                for _ in calls:
+                    if not worker.conn.poll(bound):
+                        replace = kill = True
+                        if self.on_kill:
+                            self.on_kill()
+                        out.append(CallResult("timeout", error=f"no answer within {bound:g}s; worker killed", seconds=time.perf_counter() - t0))
+                        return out
                     kind, value = worker.conn.recv()
-                else:
-                    replace = kill = True
-                    if self.on_kill:
-                        self.on_kill()
-                    return CallResult("timeout", error=f"no answer within {bound:g}s; worker killed", seconds=time.perf_counter() - t0)
+                    t1 = time.perf_counter()
+                    if kind == "unreadable":
+                        return out + [CallResult("error", error=str(value), seconds=t1 - t0)] * (len(calls) - len(out))
+                    worker.calls += 1
+                    out.append(CallResult("ok", value=value, seconds=t1 - t0) if kind == "ok" else CallResult("error", error=str(value), seconds=t1 - t0))
+                    t0 = t1
             except (EOFError, OSError, BrokenPipeError) as exc:
                 replace = kill = True
-                return CallResult("crashed", error=f"worker died ({type(exc).__name__})", seconds=time.perf_counter() - t0)
-            worker.calls += 1
+                out.append(CallResult("crashed", error=f"worker died ({type(exc).__name__})", seconds=time.perf_counter() - t0))
+                return out
             replace = worker.calls >= self.recycle_after
-            seconds = time.perf_counter() - t0
-            if kind == "ok":
-                return CallResult("ok", value=value, seconds=seconds)
-            return CallResult("error", error=str(value), seconds=seconds)
+            return out
         finally:
             if replace:
                 self._retire(worker, kill=kill)

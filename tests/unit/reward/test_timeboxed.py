@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -105,3 +106,39 @@ def test_close_stops_every_worker():
     wait_for(lambda: not any(alive(pid) for pid in pids), 10, "every worker to exit")
     with pytest.raises(RuntimeError):
         p.call(slow, 0)
+
+
+def act(what: str, arg: float = 0):
+    """One call of a batch: "sleep" (then return arg), "hang" (past any bound), "die", "fail"."""
+    if what == "sleep":
+        return slow(arg) and arg
+    if what == "hang":
+        return huge_power()
+    if what == "die":
+        die()
+    fail()
+
+
+def test_a_batch_bounds_each_call_and_goes_on_past_a_killed_worker(pool):
+    """call_many: one message to a worker, each call bounded from the end of the one before (so
+    five calls of 0.4 s under a 1 s bound all pass), results in order; a call that hangs or kills
+    its worker gets its own status and the rest run on a fresh worker."""
+    calls = [("sleep", 0.4)] * 5 + [("hang",), ("sleep", 0.1), ("die",), ("sleep", 0.2), ("fail",), ("sleep", 0.3)]
+    t0 = time.monotonic()
+    results = pool.call_many(act, calls)
+    assert [r.status for r in results] == ["ok"] * 5 + ["timeout", "ok", "crashed", "ok", "error", "ok"]
+    assert [r.value for r in results if r.status == "ok"] == [0.4] * 5 + [0.1, 0.2, 0.3]
+    assert all(r.seconds < 1.0 for r in results if r.status == "ok")
+    assert time.monotonic() - t0 < 30  # bounded: 2 s of sleeps, a 1 s kill, the replacements' start-up
+    assert pool.call_many(act, []) == []
+    assert pool.call(slow, 0).status == "ok"  # the pool is whole again
+
+
+def test_a_batch_this_worker_cannot_read_is_an_error_for_each_call(pool):
+    class Unreadable:  # pickles here; unpickling it in the worker imports a module that does not exist
+        def __reduce__(self):
+            return importlib.import_module, ("magic_no_such_module",)
+
+    results = pool.call_many(slow, [(0,), (Unreadable(),), (0,)])
+    assert [r.status for r in results] == ["error"] * 3 and "cannot unpickle" in results[0].error
+    assert pool.call(slow, 0).status == "ok"
