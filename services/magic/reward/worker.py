@@ -30,7 +30,7 @@ from magic.config.schema import PenaltySettings
 from magic.observability.logs import setup_logging
 from magic.observability.metrics import registry_of, serve_http
 from magic.runtime.liveness import LoopWatch
-from magic.protocol import keys
+from magic.protocol import codec, keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI, serve_score
 from magic.reward.scoring import Sample, Scorer
@@ -122,12 +122,14 @@ class RewardWorker(Worker):
         else:
             scores = iter(self.scorer.score_many(samples))
         for (entry, group), samples in zip(batch, per_group):
-            out = pb.ScoredGroup(rollout=group, worker=self.name)
+            out = pb.ScoredGroup(worker=self.name)
             out.scores.extend(next(scores) for _ in samples)
             faults.point(self.armed, "reward.scored", group.prompt.step)
             # difficulty-estimation and validation groups go to the controller, never to the learner
             target = self.scored if group.prompt.kind == pb.GROUP_KIND_TRAIN else self.estimates
-            self.rollouts.publish_and_ack(target, [out], [entry.id])
+            # the rollout as it was read (decoded and checked above), not copied and re-encoded
+            scored = codec.encode_around(out, "rollout", entry.fields[codec.PAYLOAD_FIELD])
+            self.rollouts.publish_and_ack(target, [scored], [entry.id])
             faults.point(self.armed, "reward.published", group.prompt.step)
             self.groups_scored += 1
 

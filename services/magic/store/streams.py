@@ -290,13 +290,13 @@ class ConsumerGroup:
             with self.writer.transaction() as tx:
                 tx.xack(self.stream, self.group, *entry_ids)
 
-    def publish_and_ack(self, out: Stream, messages: list[Message], entry_ids: list[str]) -> None:
+    def publish_and_ack(self, out: Stream, messages: list[Message | dict[bytes, bytes]], entry_ids: list[str]) -> None:
         """Append `messages` to `out` and acknowledge `entry_ids`, in one MULTI: a consumer's output
         and the acknowledgement of its input are durable together or not at all (a run's streams
-        share one hash slot)."""
+        share one hash slot). A message may come encoded already (`codec.encode_around`)."""
         with self.writer.transaction() as tx:
             for msg in messages:
-                tx.xadd(out.key, codec.encode(msg))
+                tx.xadd(out.key, msg if isinstance(msg, dict) else codec.encode(msg))
             if entry_ids:
                 tx.xack(self.stream, self.group, *entry_ids)
 

@@ -29,3 +29,23 @@ def test_poison_entries_raise_a_clear_error(fields, match):
 def test_only_stream_messages_are_encoded():
     with pytest.raises(TypeError):
         codec.encode(pb.ChatMessage(role="user"))
+
+
+@pytest.mark.parametrize("samples, text_bytes", [(0, 0), (1, 10), (16, 20_000)])  # lengths past a one- and a two-byte varint
+def test_a_message_wrapped_around_encoded_bytes_is_the_message_encoded_whole(samples, text_bytes):
+    group = pb.RolloutGroup(prompt=pb.PromptGroup(group_id="3:00001", step=3), prompt_ids=[1, 2, 3], worker="r0")
+    for i in range(samples):
+        group.samples.add(response_ids=list(range(i * 100)), logprobs=[-0.5] * (i * 100), text="x" * text_bytes)
+    scored = pb.ScoredGroup(worker="reward-0")
+    scored.scores.add(reward=1.0, correctness=1.0, details="ok")
+    fields = codec.encode_around(scored, "rollout", codec.encode(group)[codec.PAYLOAD_FIELD])
+    whole = pb.ScoredGroup(rollout=group, scores=scored.scores, worker="reward-0")
+    assert codec.decode(fields, pb.ScoredGroup) == whole
+    assert fields == codec.encode(whole)  # the same bytes: field 1 first, then the message's own
+
+
+def test_only_an_unset_singular_message_field_is_wrapped_around():
+    payload = pb.RolloutGroup(worker="r0").SerializeToString()
+    for msg, field in [(pb.ScoredGroup(), "scores"), (pb.ScoredGroup(), "worker"), (pb.ScoredGroup(rollout=pb.RolloutGroup()), "rollout")]:
+        with pytest.raises(ValueError, match="unset singular message field"):
+            codec.encode_around(msg, field, payload)
