@@ -12,7 +12,9 @@ and a reasoning text ending in a boxed answer (right half the time); each group 
 generated it. The *trainer* sleeps `--train-seconds` and publishes a tiny state dict.
 
 Per step it prints: the step's time and its orchestration share (everything that is neither
-generation nor training: publishing, the reward tail, collection, weight sync, recording),
+generation nor training: publishing, the reward tail, collection, weight sync, recording) and,
+with s = 0, where the tail after the stand-in generation goes (the rollout worker's publishing,
+the reward service, the learner's part, from the streams' last entry times),
 Redis memory (at the step's end and its peak), stream lengths, bytes through Redis, and the
 reward service's throughput. It exits non-zero if a step is missing, a group was lost, or
 anything was dead-lettered.
@@ -320,6 +322,16 @@ def _redis_figures(r, k) -> dict:
     return {"used_memory": int(mem["used_memory"]), "net_bytes": int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"]), "streams": lengths}
 
 
+def last_entry_time(r, stream: str) -> float | None:
+    """When the last entry of `stream` was added (the server's clock, seconds since the epoch):
+    the millisecond part of its last-generated-id, which trimming keeps."""
+    try:
+        last = r.xinfo_stream(stream)["last-generated-id"]
+    except Exception:  # noqa: BLE001 — no such stream yet
+        return None
+    return int((last.decode() if isinstance(last, bytes) else last).split("-")[0]) / 1000
+
+
 def weight_fanout(loads_per_pod: float, pods: int, model_bytes: float, gpus_per_pod: int) -> dict[str, dict[str, float]]:
     """Bytes a step's new weights move, per transport, when `pods` rollout pods each load
     `loads_per_pod` versions a step (measured: 1) of `model_bytes` (the published dtype), by the
@@ -449,6 +461,15 @@ def run(args) -> dict:
                     "validation_s": (rec.get("validation") or {}).get("held", {}).get("seconds"),
                     "wall_s": wall, "fleet_busy": min(1.0, fleet), "learner_busy": min(1.0, learner), "samples_stale": rec.get("samples_stale", 0),
                 }
+                # where the tail goes (s = 0 only: then step k's last rollout and scored group are the
+                # streams' last entries when its record is read): the rollout worker's publishing after the
+                # stand-in generation ends, the reward service's scoring of the last groups, and the learner's
+                # part (reading, decoding, training what is left, the weight sync, the record)
+                last_rollout, last_scored = last_entry_time(r, k.rollouts), last_entry_time(r, k.scored)
+                if not args.max_staleness and last_rollout and last_scored and not args.validation_every:
+                    row["tail_publish_s"] = last_rollout - (rec["time"] - total + generation)
+                    row["tail_reward_s"] = last_scored - last_rollout
+                    row["tail_learner_s"] = rec["time"] - last_scored
                 now = {w.decode(): int(v) for w, v in r.hgetall(k.weight_versions).items()}
                 row["weight_loads"] = sum(1 for w, v in now.items() if served.get(w) != v)
                 served = now
@@ -459,7 +480,8 @@ def run(args) -> dict:
                       f"{row['bytes_through_redis'] / 2**20:>10.1f} {row['reward_samples_per_s']:>9.1f} "
                       f"{'-' if row['validation_s'] is None else format(row['validation_s'], '.2f'):>6} {wall:>7.2f} {100 * row['fleet_busy']:>6.1f}% "
                       f"{100 * row['learner_busy']:>8.1f}% {row['samples_stale']:>6.0f}  "
-                      + " ".join(str(s[n]) for n in STREAMS), flush=True)
+                      + " ".join(str(s[n]) for n in STREAMS)
+                      + ("  tail: publish {tail_publish_s:.2f}s reward {tail_reward_s:.2f}s learner {tail_learner_s:.2f}s".format(**row) if "tail_reward_s" in row else ""), flush=True)
                 before, peak = fig, fig["used_memory"]
             status = api.get(f"/v1/runs/{RUN}").json()["status"]
             if status in ("failed", "stopped") or sup.first_exit() or any(p.poll() is not None for p in procs):
