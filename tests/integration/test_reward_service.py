@@ -20,7 +20,7 @@ from magic.observability.metrics import serve_http
 from magic.protocol import keys
 from magic.protocol.pb import messages_pb2 as pb
 from magic.reward.api import ScoreAPI, serve_score
-from magic.reward.scoring import Scorer
+from magic.reward.scoring import Sample, Scorer
 from magic.reward.settings import CodeJudgeClientSettings, MathRewardSettings, RewardSettings
 from magic.reward.worker import RewardWorker
 from magic.store.channels import RunChannels
@@ -262,3 +262,28 @@ def test_the_service_process_stays_healthy_after_hostile_programs_and_waits_out_
         finally:
             sup.stop_all()
     assert "Traceback" not in sup.get("reward-0").log_tail(200)
+
+
+def test_a_batch_keeps_each_samples_verdict_and_order_and_a_failed_chunk_is_judged_one_by_one(scorer, monkeypatch):
+    """Math samples go to the verifier processes in chunks (one message each), code samples to the
+    judge; the verdicts come back in the samples' order. A chunk whose call fails as a whole is
+    judged again sample by sample, so the failure stays one sample's verdict."""
+    forms = [("\\boxed{4}", "correct"), ("\\boxed{5}", "wrong"), ("no answer here", "no_answer")]
+    samples = [Sample("math", forms[i % 3][0], "4") for i in range(40)]
+    samples.insert(17, Sample("code", DOUBLE, STDIN_GT))
+    expected = [("math", forms[i % 3][1]) for i in range(40)]
+    expected.insert(17, ("code", "correct"))
+    assert [(kind, v.status.value) for kind, v in scorer.verdicts(samples)] == expected
+
+    whole = scorer.math_pool.call_many
+
+    def fails_for_a_chunk(fn, calls, timeout=None):
+        if len(calls) > 1:
+            raise RuntimeError("a chunk's call failed")
+        if calls[0][1] == "\\boxed{5}":
+            raise RuntimeError("this sample's call failed")
+        return whole(fn, calls, timeout)
+
+    monkeypatch.setattr(scorer.math_pool, "call_many", fails_for_a_chunk)
+    got = [(kind, v.status.value) for kind, v in scorer.verdicts(samples)]
+    assert got == [(k, "error" if s == "wrong" else s) for k, s in expected]

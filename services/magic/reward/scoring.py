@@ -114,7 +114,10 @@ class Scorer:
         trip each chunk), code samples to the code judge one by one, concurrently."""
         kinds = [self.kind(s.data_source) for s in samples]
         math = [i for i, k in enumerate(kinds) if k == "math"]
-        jobs = [("math", math[j : j + MATH_CHUNK]) for j in range(0, len(math), MATH_CHUNK)]
+        # every worker busy for a small batch; one at a time with the LLM judge on (its calls, one
+        # per rejected answer, then run concurrently, not one after another within a chunk)
+        chunk = 1 if self.judge is not None else max(1, min(MATH_CHUNK, -(-len(math) // self.math_pool.size)))
+        jobs = [("math", math[j : j + chunk]) for j in range(0, len(math), chunk)]
         jobs += [("code", [i]) for i, k in enumerate(kinds) if k == "code"]
         out: list[tuple[str, Verdict]] = [("", Verdict(Status.error, "", "not judged"))] * len(samples)
 
@@ -132,15 +135,30 @@ class Scorer:
     def _judged(self, kind: str, samples: list[Sample]) -> list[Verdict]:
         REWARD_INFLIGHT.labels(kind=kind).inc(len(samples))
         try:
-            if kind == "code":
-                return [self.code.verify(s.response, s.ground_truth) for s in samples]
-            return self._verify_math(samples)
-        except Exception as exc:  # noqa: BLE001 — a verifier failure is these samples' verdict
-            # (math runs in worker processes, so this is never a sympy object's message)
-            log.exception("verifying %d %s sample(s) failed", len(samples), kind)
-            return [Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")] * len(samples)
+            return self._verify(kind, samples)
+        except Exception as exc:  # noqa: BLE001 — a verifier failure is a sample's verdict, never its batch's
+            if len(samples) > 1:  # again one by one
+                return [self._judged_alone(kind, s) for s in samples]
+            return [self._failed(kind, exc)]
         finally:
             REWARD_INFLIGHT.labels(kind=kind).dec(len(samples))
+
+    def _judged_alone(self, kind: str, sample: Sample) -> Verdict:
+        try:
+            return self._verify(kind, [sample])[0]
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(kind, exc)
+
+    @staticmethod
+    def _failed(kind: str, exc: Exception) -> Verdict:
+        # (math runs in worker processes, so this is never a sympy object's message)
+        log.exception("verifying a %s sample failed", kind)
+        return Verdict(Status.error, "", f"verifier failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _verify(self, kind: str, samples: list[Sample]) -> list[Verdict]:
+        if kind == "code":
+            return [self.code.verify(s.response, s.ground_truth) for s in samples]
+        return self._verify_math(samples)
 
     def _verify_math(self, samples: list[Sample]) -> list[Verdict]:
         calls = [(self.settings.math.verifier, s.response, s.ground_truth, s.problem) for s in samples]

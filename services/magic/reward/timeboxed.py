@@ -180,6 +180,8 @@ class TimeboxedPool:
         bound = self.timeout if timeout is None else timeout
         results: list[CallResult] = []
         while len(results) < len(calls):
+            if self._closed:  # closed mid-batch: no worker will come back to the idle queue
+                return results + [CallResult("crashed", error="the pool was closed")] * (len(calls) - len(results))
             results += self._run(self._idle.get(), fn, calls[len(results):], bound)
         return results
 
@@ -202,8 +204,12 @@ class TimeboxedPool:
                             self.on_kill()
                         out.append(CallResult("timeout", error=f"no answer within {bound:g}s; worker killed", seconds=time.perf_counter() - t0))
                         return out
-                    kind, value = worker.conn.recv()
+                    reply = worker.conn.recv_bytes()
                     t1 = time.perf_counter()
+                    try:
+                        kind, value = pickle.loads(reply)
+                    except Exception as exc:  # noqa: BLE001 — a value this process cannot unpickle: this call's error; the replies stay in step
+                        kind, value = "error", f"unreadable result ({type(exc).__name__})"
                     if kind == "unreadable":
                         return out + [CallResult("error", error=str(value), seconds=t1 - t0)] * (len(calls) - len(out))
                     worker.calls += 1
@@ -213,6 +219,9 @@ class TimeboxedPool:
                 replace = kill = True
                 out.append(CallResult("crashed", error=f"worker died ({type(exc).__name__})", seconds=time.perf_counter() - t0))
                 return out
+            except BaseException:  # e.g. KeyboardInterrupt mid-batch: the worker may still owe replies, so it never serves again
+                replace = kill = True
+                raise
             replace = worker.calls >= self.recycle_after
             return out
         finally:

@@ -142,3 +142,35 @@ def test_a_batch_this_worker_cannot_read_is_an_error_for_each_call(pool):
     results = pool.call_many(slow, [(0,), (Unreadable(),), (0,)])
     assert [r.status for r in results] == ["error"] * 3 and "cannot unpickle" in results[0].error
     assert pool.call(slow, 0).status == "ok"
+
+
+class _Unpicklable:
+    """Pickles in the worker; unpickling it in the parent raises (ValueError)."""
+
+    def __reduce__(self):
+        return int, ("not an int",)
+
+
+def reply(what: str):
+    return _Unpicklable() if what == "bad" else what
+
+
+def test_a_result_the_parent_cannot_read_is_that_calls_error_and_the_replies_stay_in_step():
+    with TimeboxedPool(workers=1, timeout=1.0, preload=PRELOAD) as p:
+        results = p.call_many(reply, [("a",), ("bad",), ("b",)])
+        assert [r.status for r in results] == ["ok", "error", "ok"] and "unreadable result" in results[1].error
+        assert [results[0].value, results[2].value] == ["a", "b"]
+        assert p.call(reply, "z").value == "z"  # not a reply owed to the batch before
+
+
+def test_closing_the_pool_mid_batch_ends_the_batch():
+    p = TimeboxedPool(workers=1, timeout=0.5, preload=PRELOAD)
+    assert p.call(slow, 0).status == "ok"
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("results", p.call_many(slow, [(2,), (0,)])))
+    t.start()
+    time.sleep(0.2)
+    p.close()
+    t.join(20)
+    assert not t.is_alive(), "call_many still waits for a worker after close()"
+    assert [r.status for r in out["results"]] == ["timeout", "crashed"]

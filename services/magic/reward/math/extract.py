@@ -162,7 +162,7 @@ _CLOSING = re.compile(
 """One closing remark or end-of-turn token ending a text: what follows a final answer (the MATH
 few-shot format ends "Final Answer: The final answer is $28$. I hope it is correct.")."""
 _CLOSING_MAX_CHARS = 32
-"""The longest text `_CLOSING` matches (``<|im_start|>assistant``: 21 characters)."""
+"""More than the longest text `_CLOSING` matches (``I hope this is correct.``: 23 characters)."""
 
 
 _LONG_SPACE = re.compile(r"\s{5,}")
