@@ -110,8 +110,8 @@ class Scorer:
 
     def verdicts(self, samples: list[Sample]) -> list[tuple[str, Verdict]]:
         """The verdicts on `samples` (in their order) and the kind of verifier that gave each;
-        never raises. Math samples go to the timeboxed workers `MATH_CHUNK` at a time (one round
-        trip each chunk), code samples to the code judge one by one, concurrently."""
+        never raises. Math samples go to the timeboxed workers in chunks of up to `MATH_CHUNK`
+        (one round trip a chunk), code samples to the code judge one by one, concurrently."""
         kinds = [self.kind(s.data_source) for s in samples]
         math = [i for i, k in enumerate(kinds) if k == "math"]
         # every worker busy for a small batch; one at a time with the LLM judge on (its calls, one
